@@ -1,0 +1,1 @@
+"""Kernels, one op per file: @triton.jit kernels -> launchers -> autograd.Function -> torch.library op."""

@@ -1,0 +1,27 @@
+"""Small pieces every Triton kernel file shares."""
+
+import triton
+import triton.language as tl
+
+from .._env import INTERPRET
+
+# Triton's interpreter computes tl.dot with numpy, which has no bfloat16: a bf16 x bf16 dot there gives
+# garbage (seen with triton 3.9). In the interpreter, `dot` upcasts the operands to fp32 first (exact
+# for bf16 inputs); compiled, it is a plain tensor-core tl.dot.
+IN_INTERPRETER = tl.constexpr(INTERPRET)
+
+
+@triton.jit
+def dot(a, b, acc, FP32_PRECISION: tl.constexpr = "tf32x3"):
+    """acc + a @ b with fp32 accumulation. FP32_PRECISION applies when a and b are fp32 on the GPU:
+    "tf32x3" (three tf32 products, close to fp32 accuracy, on tensor cores) unless a kernel asks otherwise."""
+    if IN_INTERPRETER:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    elif a.dtype == tl.float32:
+        return tl.dot(a, b, acc, input_precision=FP32_PRECISION)
+    else:
+        return tl.dot(a, b, acc)
+
+
+def next_power_of_2(n: int, minimum: int = 1) -> int:
+    return max(triton.next_power_of_2(n), minimum)
