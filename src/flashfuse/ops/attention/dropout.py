@@ -20,13 +20,17 @@ def new_rng_state(device) -> torch.Tensor:
 
 
 @triton.jit
-def dropout_keep(p_rng, bh, o_rows, o_cols, dropout_p):
-    """Keep-mask [len(o_rows), len(o_cols)] for rows o_rows and columns o_cols of (batch*head) bh."""
+def dropout_keep(p_rng, bh, rows, cols, dropout_p):
+    """Keep-mask for query rows ``rows`` and key columns ``cols`` of (batch * nheads_q + head) ``bh``.
+
+    rows and cols broadcast against each other: rows[:, None] with cols[None, :] gives a [M, N] tile,
+    rows[None, :] with cols[:, None] its transpose [N, M] (the backward's layout).
+    """
     seed = tl.load(p_rng)
     offset = tl.load(p_rng + 1).to(tl.uint32)
-    cols = (o_cols[None, :] + o_rows[:, None] * 0).to(tl.uint32)
-    rows = (o_rows[:, None] + o_cols[None, :] * 0).to(tl.uint32)
-    r0, _, _, _ = tl.philox(seed, cols, rows, cols * 0 + bh.to(tl.uint32), cols * 0 + offset)
+    c0 = (cols + rows * 0).to(tl.uint32)
+    c1 = (rows + cols * 0).to(tl.uint32)
+    r0, _, _, _ = tl.philox(seed, c0, c1, c0 * 0 + bh.to(tl.uint32), c0 * 0 + offset)
     return tl.uint_to_uniform_float(r0) >= dropout_p
 
 
@@ -38,7 +42,7 @@ def _dropout_mask_kernel(p_rng, p_mask, seqlen_q, seqlen_k, dropout_p,
     p_mask += i_bh.to(tl.int64) * seqlen_q * seqlen_k
     for start_n in range(0, seqlen_k, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)
-        keep = dropout_keep(p_rng, i_bh, o_m, o_n, dropout_p)
+        keep = dropout_keep(p_rng, i_bh, o_m[:, None], o_n[None, :], dropout_p)
         m_store = (o_m[:, None] < seqlen_q) & (o_n[None, :] < seqlen_k)
         tl.store(p_mask + o_m[:, None] * seqlen_k + o_n[None, :], keep.to(tl.int8), mask=m_store)
 

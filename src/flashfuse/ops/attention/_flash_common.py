@@ -1,0 +1,122 @@
+"""Pieces the FlashAttention forward and backward kernels share: sequence bounds, which key (or query)
+blocks a tile must visit, and the score function (scale, softcap, ALiBi, bias, masks).
+
+Scores live in the log2 domain inside the kernels (s2 = s * log2(e)) so the softmax uses exp2, one
+multiply cheaper than exp. With x = q . k for query row i and key column j:
+
+    s  = scale * x                          or  softcap * tanh(scale * x / softcap)
+    s += -slope * |i + off - j|             (ALiBi)     s += bias[i, j]   (SDPA attn_mask)
+    s  = -inf unless i + off - left <= j <= i + off + right   (causal is right = 0)
+
+``off`` is seqlen_k - seqlen_q (bottom-right aligned diagonal, flash-attn) or 0 (top-left, torch SDPA).
+
+Visiting blocks: for a query block [m0, m1] the visible key columns lie in [m0 + off - left,
+m1 + off + right]. Key blocks wholly inside every row's window and inside seqlen_k need no mask; only
+the few boundary blocks do. Kernels walk three phases, ``[lo, full_lo)`` masked, ``[full_lo, full_hi)``
+unmasked, ``[full_hi, hi)`` masked, so the steady-state loop carries no masking work.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def seq_bounds(p_cu_seqlens, i_b, seqlen, IS_VARLEN: tl.constexpr):
+    """(start row, length) of sequence i_b: packed by cu_seqlens, or one batch entry of ``seqlen`` rows."""
+    if IS_VARLEN:
+        start = tl.load(p_cu_seqlens + i_b)
+        end = tl.load(p_cu_seqlens + i_b + 1)
+        return start.to(tl.int64), end - start            # int64 start: start * stride may pass 2^31
+    else:
+        return 0, seqlen
+
+
+@triton.jit
+def key_block_phases(m0, seqlen_q, seqlen_k, window_left, window_right,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr,
+                     HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr):
+    """Key-block phases for the query block starting at m0 (every division below is of a non-negative
+    number: Triton's integer division truncates toward zero, Python's floors): (lo, full_lo, full_hi, hi), block aligned
+    except hi (= the last visible column + 1). Masked: [lo, full_lo) and [full_hi, hi)."""
+    off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+    m1 = tl.minimum(m0 + BLOCK_M, seqlen_q) - 1            # last real row of the block
+    lo = 0
+    full_lo = 0
+    hi = seqlen_k
+    full_hi = (seqlen_k // BLOCK_N) * BLOCK_N
+    if HAS_LEFT:
+        lo = tl.maximum(m0 + off - window_left, 0) // BLOCK_N * BLOCK_N
+        full_lo = tl.maximum(tl.cdiv(tl.maximum(m1 + off - window_left, 0), BLOCK_N) * BLOCK_N, lo)
+    if HAS_RIGHT:
+        hi = tl.maximum(tl.minimum(m1 + off + window_right + 1, seqlen_k), 0)
+        full_hi = tl.minimum(tl.maximum(m0 + off + window_right + 1, 0) // BLOCK_N * BLOCK_N, full_hi)
+    hi = tl.maximum(hi, lo)
+    full_lo = tl.minimum(full_lo, hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def query_block_phases(n0, seqlen_q, seqlen_k, window_left, window_right,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr,
+                       HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr):
+    """The transpose of key_block_phases: query-block phases (lo, full_lo, full_hi, hi) that see the key
+    block starting at n0. Row i sees column j when j - off - right <= i <= j - off + left."""
+    off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+    n1 = tl.minimum(n0 + BLOCK_N, seqlen_k) - 1
+    lo = 0
+    full_lo = 0
+    hi = seqlen_q
+    full_hi = (seqlen_q // BLOCK_M) * BLOCK_M
+    if HAS_RIGHT:
+        lo = tl.maximum(n0 - off - window_right, 0) // BLOCK_M * BLOCK_M
+        full_lo = tl.maximum(tl.cdiv(tl.maximum(n1 - off - window_right, 0), BLOCK_M) * BLOCK_M, lo)
+    if HAS_LEFT:
+        hi = tl.maximum(tl.minimum(n1 - off + window_left + 1, seqlen_q), 0)
+        full_hi = tl.minimum(tl.maximum(n0 - off + window_left + 1, 0) // BLOCK_M * BLOCK_M, full_hi)
+    # Key columns past seqlen_k: a block holding them is masked whatever the window says.
+    if n0 + BLOCK_N > seqlen_k:
+        full_lo = hi
+    hi = tl.maximum(hi, lo)
+    full_lo = tl.minimum(full_lo, hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def score_mod(qk, rows, cols, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_scale,
+              softcap_log2, alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n,
+              MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+              BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+              HAS_BIAS: tl.constexpr):
+    """Scores in the log2 domain from raw dot products qk, for query indices ``rows`` and key indices
+    ``cols`` (broadcastable: [M, 1] x [1, N], or [1, M] x [N, 1] for a transposed tile).
+
+    Returns (s2, tanh_term): tanh_term = tanh(scale * qk / softcap) when HAS_SOFTCAP (the backward needs
+    1 - tanh^2), else s2 again (unused).
+    """
+    if HAS_SOFTCAP:
+        # tanh(x) = 1 - 2 / (exp(2x) + 1): stable at both ends (exp2 -> inf gives 1, -> 0 gives -1).
+        t = 1.0 - 2.0 / (tl.exp2(qk * (2.0 * LOG2E * softcap_scale)) + 1.0)
+        s2 = t * softcap_log2
+    else:
+        s2 = qk * qk_scale
+        t = s2
+    off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+    if HAS_ALIBI:
+        dist = (rows + off - cols).to(tl.float32)
+        s2 -= alibi_slope_log2 * tl.abs(dist)
+    if HAS_BIAS:
+        m_bias = (rows < seqlen_q) & (cols < seqlen_k)
+        bias = tl.load(p_bias + rows * stride_bias_m + cols * stride_bias_n, mask=m_bias, other=0.0)
+        s2 += bias.to(tl.float32) * LOG2E
+    if MASKED:
+        visible = cols < seqlen_k
+        if HAS_LEFT:
+            visible &= cols >= rows + off - window_left
+        if HAS_RIGHT:
+            visible &= cols <= rows + off + window_right
+        s2 = tl.where(visible, s2, float("-inf"))
+    return s2, t

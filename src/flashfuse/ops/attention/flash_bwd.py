@@ -1,0 +1,367 @@
+"""FlashAttention-2 backward: recompute P from the saved LSE instead of storing it.
+
+With P = exp(S - lse) (dropout: P~ = P * keep / (1 - p), O = P~ V) and dO given:
+
+    dV    = P~^T dO
+    dP~   = dO V^T,   dP = dP~ * keep / (1 - p)
+    delta = rowsum(dP * P) = rowsum(dO * O)               (preprocess kernel, one pass over O)
+    dS    = P * (dP - delta)                              (softmax VJP, row by row)
+    dX    = dS * scale   (softcap: dS * scale * (1 - tanh^2))   X = Q K^T, the raw dot products
+    dQ    = dX K,   dK = dX^T Q
+
+Two kernels, no atomics, so gradients are bit-identical run to run:
+- ``_bwd_dkdv_kernel``: one program per key block and *kv* head. It walks the query blocks that see its
+  keys, for every query head of its GQA group, accumulating dK and dV in registers: the reduction over
+  the group happens in a fixed order inside one program.
+- ``_bwd_dq_kernel``: one program per query block and query head, walking its key blocks like the
+  forward does.
+Both recompute S = Q K^T and dP~ = dO V^T (7 matrix products where an atomic dQ would need 5); that
+is the price of determinism and of no fp32 dQ buffer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._env import INTERPRET
+from .._triton import dot
+from ._flash_common import LOG2E, key_block_phases, query_block_phases, score_mod, seq_bounds
+from .dropout import dropout_keep
+from .flash_fwd import head_dim_block
+
+
+@triton.jit
+def _bwd_preprocess_kernel(p_o, p_do, p_delta, p_cu_seqlens_q,
+                           stride_o_b, stride_o_s, stride_o_h, stride_do_b, stride_do_s, stride_do_h,
+                           stride_delta_b, stride_delta_h, nheads_q, seqlen_q, head_dim,
+                           IS_VARLEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """delta[row] = sum_d dO[row, d] * O[row, d], in fp32."""
+    i_m, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b = i_bh // nheads_q
+    i_h = i_bh % nheads_q
+    q_start, seqlen_q = seq_bounds(p_cu_seqlens_q, i_b, seqlen_q, IS_VARLEN)
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_d = tl.arange(0, BLOCK_D)
+    m_o = (o_m[:, None] < seqlen_q) & (o_d[None, :] < head_dim)
+    i_b64 = i_b.to(tl.int64)
+    p_o += i_b64 * stride_o_b + q_start * stride_o_s + i_h * stride_o_h
+    p_do += i_b64 * stride_do_b + q_start * stride_do_s + i_h * stride_do_h
+    b_o = tl.load(p_o + o_m[:, None] * stride_o_s + o_d[None, :], mask=m_o, other=0.0).to(tl.float32)
+    b_do = tl.load(p_do + o_m[:, None] * stride_do_s + o_d[None, :], mask=m_o, other=0.0).to(tl.float32)
+    p_delta += i_b64 * stride_delta_b + i_h * stride_delta_h + q_start
+    tl.store(p_delta + o_m, tl.sum(b_o * b_do, 1), mask=o_m < seqlen_q)
+
+
+@triton.jit
+def _dkdv_query_blocks(dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, start, end, o_n, o_d,
+                       m_d, i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s, window_left,
+                       window_right, qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, p_bias,
+                       stride_bias_m, stride_bias_n, p_rng, dropout_p, MASKED: tl.constexpr,
+                       HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+                       HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       HAS_DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr):
+    """dK, dV contributions of query blocks [start, end) of one query head, in the transposed layout
+    (tiles are [BLOCK_N keys, BLOCK_M queries]) so no tile needs a transpose before its product."""
+    for start_m in range(start, end, BLOCK_M):
+        o_m = start_m + tl.arange(0, BLOCK_M)
+        m_rows = o_m < seqlen_q
+        m_qd = m_rows[:, None] & m_d[None, :]
+        b_q = tl.load(q_base + o_m[:, None] * stride_q_s + o_d[None, :], mask=m_qd, other=0.0)  # [M, D]
+        b_do = tl.load(do_base + o_m[:, None] * stride_do_s + o_d[None, :], mask=m_qd, other=0.0)
+        # Rows past seqlen_q get lse = +inf, hence P = 0: they add nothing.
+        lse2 = tl.load(lse_base + o_m, mask=m_rows, other=float("inf")) * LOG2E               # [M]
+        delta = tl.load(delta_base + o_m, mask=m_rows, other=0.0)                             # [M]
+        qk_t = dot(b_k, tl.trans(b_q), tl.zeros([b_k.shape[0], BLOCK_M], dtype=tl.float32))  # [N, M]
+        s2_t, tanh_t = score_mod(qk_t, o_m[None, :], o_n[:, None], seqlen_q, seqlen_k, window_left,
+                                 window_right, qk_scale, softcap_scale, softcap_log2, alibi_slope_log2,
+                                 p_bias, stride_bias_m, stride_bias_n, MASKED, HAS_LEFT, HAS_RIGHT,
+                                 BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS)
+        p_t = tl.exp2(s2_t - lse2[None, :])                                                   # [N, M]
+        dp_t = dot(b_v, tl.trans(b_do), tl.zeros([b_k.shape[0], BLOCK_M], dtype=tl.float32))  # [N, M]
+        if HAS_DROPOUT:
+            keep_t = dropout_keep(p_rng, i_bh, o_m[None, :], o_n[:, None], dropout_p)
+            inv_keep = 1.0 / (1.0 - dropout_p)
+            dv = dot((tl.where(keep_t, p_t, 0.0) * inv_keep).to(b_do.dtype), b_do, dv)
+            dp_t = tl.where(keep_t, dp_t, 0.0) * inv_keep
+        else:
+            dv = dot(p_t.to(b_do.dtype), b_do, dv)
+        ds_t = p_t * (dp_t - delta[None, :])
+        if HAS_SOFTCAP:
+            ds_t = ds_t * (1.0 - tanh_t * tanh_t)
+        dk = dot(ds_t.to(b_q.dtype), b_q, dk)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv, p_cu_seqlens_q, p_cu_seqlens_k, p_alibi, p_bias,
+    p_rng,
+    stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h,
+    stride_v_b, stride_v_s, stride_v_h, stride_do_b, stride_do_s, stride_do_h,
+    stride_dk_b, stride_dk_s, stride_dk_h, stride_dv_b, stride_dv_s, stride_dv_h,
+    stride_lse_b, stride_lse_h, stride_alibi_b,
+    stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
+    nheads_q, nheads_k, group, seqlen_q, seqlen_k, head_dim,
+    sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
+    IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+):
+    i_n, i_bhk = tl.program_id(0), tl.program_id(1)
+    i_b = i_bhk // nheads_k
+    i_hk = i_bhk % nheads_k
+    q_start, seqlen_q = seq_bounds(p_cu_seqlens_q, i_b, seqlen_q, IS_VARLEN)
+    k_start, seqlen_k = seq_bounds(p_cu_seqlens_k, i_b, seqlen_k, IS_VARLEN)
+    n0 = i_n * BLOCK_N
+    if n0 >= seqlen_k:
+        return
+
+    i_b64 = i_b.to(tl.int64)
+    o_n = n0 + tl.arange(0, BLOCK_N)
+    o_d = tl.arange(0, BLOCK_D)
+    if EVEN_D:
+        m_d = o_d < BLOCK_D
+    else:
+        m_d = o_d < head_dim
+    m_kv = (o_n[:, None] < seqlen_k) & m_d[None, :]
+    k_off = i_b64 * stride_k_b + k_start * stride_k_s + i_hk * stride_k_h
+    v_off = i_b64 * stride_v_b + k_start * stride_v_s + i_hk * stride_v_h
+    b_k = tl.load(p_k + k_off + o_n[:, None] * stride_k_s + o_d[None, :], mask=m_kv, other=0.0)  # [N, D]
+    b_v = tl.load(p_v + v_off + o_n[:, None] * stride_v_s + o_d[None, :], mask=m_kv, other=0.0)  # [N, D]
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = query_block_phases(n0, seqlen_q, seqlen_k, window_left, window_right,
+                                                  BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT)
+    for g in range(0, group):                                  # the GQA group, in a fixed order
+        i_h = i_hk * group + g
+        i_bh = i_b * nheads_q + i_h
+        q_base = p_q + i_b64 * stride_q_b + q_start * stride_q_s + i_h * stride_q_h
+        do_base = p_do + i_b64 * stride_do_b + q_start * stride_do_s + i_h * stride_do_h
+        lse_base = p_lse + i_b64 * stride_lse_b + i_h * stride_lse_h + q_start
+        delta_base = p_delta + i_b64 * stride_lse_b + i_h * stride_lse_h + q_start
+        alibi_slope_log2 = 0.0
+        if HAS_ALIBI:
+            alibi_slope_log2 = tl.load(p_alibi + i_b * stride_alibi_b + i_h) * LOG2E
+        bias_base = p_bias
+        if HAS_BIAS:
+            bias_base = p_bias + i_b64 * stride_bias_b + i_h * stride_bias_h
+        dk, dv = _dkdv_query_blocks(
+            dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, lo, full_lo, o_n, o_d, m_d, i_bh,
+            seqlen_q, seqlen_k, stride_q_s, stride_do_s, window_left, window_right, qk_scale,
+            softcap_scale, softcap_log2, alibi_slope_log2, bias_base, stride_bias_m, stride_bias_n,
+            p_rng, dropout_p, True, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS,
+            HAS_DROPOUT, BLOCK_M)
+        dk, dv = _dkdv_query_blocks(
+            dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, full_lo, full_hi, o_n, o_d, m_d,
+            i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s, window_left, window_right, qk_scale,
+            softcap_scale, softcap_log2, alibi_slope_log2, bias_base, stride_bias_m, stride_bias_n,
+            p_rng, dropout_p, False, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+            HAS_BIAS, HAS_DROPOUT, BLOCK_M)
+        dk, dv = _dkdv_query_blocks(
+            dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, full_hi, hi, o_n, o_d, m_d, i_bh,
+            seqlen_q, seqlen_k, stride_q_s, stride_do_s, window_left, window_right, qk_scale,
+            softcap_scale, softcap_log2, alibi_slope_log2, bias_base, stride_bias_m, stride_bias_n,
+            p_rng, dropout_p, True, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS,
+            HAS_DROPOUT, BLOCK_M)
+
+    dk_off = i_b64 * stride_dk_b + k_start * stride_dk_s + i_hk * stride_dk_h
+    dv_off = i_b64 * stride_dv_b + k_start * stride_dv_s + i_hk * stride_dv_h
+    tl.store(p_dk + dk_off + o_n[:, None] * stride_dk_s + o_d[None, :],
+             (dk * sm_scale).to(p_dk.dtype.element_ty), mask=m_kv)
+    tl.store(p_dv + dv_off + o_n[:, None] * stride_dv_s + o_d[None, :], dv.to(p_dv.dtype.element_ty),
+             mask=m_kv)
+
+
+@triton.jit
+def _dq_key_blocks(dq, b_q, b_do, lse2, delta, k_base, v_base, start, end, o_m, o_d, m_d, i_bh,
+                   seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale,
+                   softcap_scale, softcap_log2, alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n,
+                   p_rng, dropout_p, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
+                   HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                   HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """dQ contribution of key blocks [start, end)."""
+    for start_n in range(start, end, BLOCK_N):
+        o_n = start_n + tl.arange(0, BLOCK_N)
+        if MASKED:
+            m_kv = (o_n[:, None] < seqlen_k) & m_d[None, :]
+        else:
+            m_kv = m_d[None, :]
+        b_k = tl.load(k_base + o_n[:, None] * stride_k_s + o_d[None, :], mask=m_kv, other=0.0)  # [N, D]
+        b_v = tl.load(v_base + o_n[:, None] * stride_v_s + o_d[None, :], mask=m_kv, other=0.0)  # [N, D]
+        qk = dot(b_q, tl.trans(b_k), tl.zeros([b_q.shape[0], BLOCK_N], dtype=tl.float32))     # [M, N]
+        s2, tanh_s = score_mod(qk, o_m[:, None], o_n[None, :], seqlen_q, seqlen_k, window_left,
+                               window_right, qk_scale, softcap_scale, softcap_log2, alibi_slope_log2,
+                               p_bias, stride_bias_m, stride_bias_n, MASKED, HAS_LEFT, HAS_RIGHT,
+                               BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS)
+        p = tl.exp2(s2 - lse2[:, None])                                                      # [M, N]
+        dp = dot(b_do, tl.trans(b_v), tl.zeros([b_q.shape[0], BLOCK_N], dtype=tl.float32))    # [M, N]
+        if HAS_DROPOUT:
+            keep = dropout_keep(p_rng, i_bh, o_m[:, None], o_n[None, :], dropout_p)
+            dp = tl.where(keep, dp, 0.0) * (1.0 / (1.0 - dropout_p))
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - tanh_s * tanh_s)
+        dq = dot(ds.to(b_k.dtype), b_k, dq)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    p_q, p_k, p_v, p_do, p_lse, p_delta, p_dq, p_cu_seqlens_q, p_cu_seqlens_k, p_alibi, p_bias, p_rng,
+    stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h,
+    stride_v_b, stride_v_s, stride_v_h, stride_do_b, stride_do_s, stride_do_h,
+    stride_dq_b, stride_dq_s, stride_dq_h,
+    stride_lse_b, stride_lse_h, stride_alibi_b,
+    stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
+    nheads_q, group, seqlen_q, seqlen_k, head_dim,
+    sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
+    IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+):
+    i_m = tl.num_programs(0) - 1 - tl.program_id(0)           # heaviest (causal) blocks first
+    i_bh = tl.program_id(1)
+    i_b = i_bh // nheads_q
+    i_h = i_bh % nheads_q
+    i_hk = i_h // group
+    q_start, seqlen_q = seq_bounds(p_cu_seqlens_q, i_b, seqlen_q, IS_VARLEN)
+    k_start, seqlen_k = seq_bounds(p_cu_seqlens_k, i_b, seqlen_k, IS_VARLEN)
+    m0 = i_m * BLOCK_M
+    if m0 >= seqlen_q:
+        return
+
+    i_b64 = i_b.to(tl.int64)
+    o_m = m0 + tl.arange(0, BLOCK_M)
+    o_d = tl.arange(0, BLOCK_D)
+    if EVEN_D:
+        m_d = o_d < BLOCK_D
+    else:
+        m_d = o_d < head_dim
+    m_rows = o_m < seqlen_q
+    m_qd = m_rows[:, None] & m_d[None, :]
+    q_off = i_b64 * stride_q_b + q_start * stride_q_s + i_h * stride_q_h
+    do_off = i_b64 * stride_do_b + q_start * stride_do_s + i_h * stride_do_h
+    b_q = tl.load(p_q + q_off + o_m[:, None] * stride_q_s + o_d[None, :], mask=m_qd, other=0.0)
+    b_do = tl.load(p_do + do_off + o_m[:, None] * stride_do_s + o_d[None, :], mask=m_qd, other=0.0)
+    lse_off = i_b64 * stride_lse_b + i_h * stride_lse_h + q_start
+    lse2 = tl.load(p_lse + lse_off + o_m, mask=m_rows, other=float("inf")) * LOG2E
+    delta = tl.load(p_delta + lse_off + o_m, mask=m_rows, other=0.0)
+    k_base = p_k + i_b64 * stride_k_b + k_start * stride_k_s + i_hk * stride_k_h
+    v_base = p_v + i_b64 * stride_v_b + k_start * stride_v_s + i_hk * stride_v_h
+    alibi_slope_log2 = 0.0
+    if HAS_ALIBI:
+        alibi_slope_log2 = tl.load(p_alibi + i_b * stride_alibi_b + i_h) * LOG2E
+    if HAS_BIAS:
+        p_bias += i_b64 * stride_bias_b + i_h * stride_bias_h
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = key_block_phases(m0, seqlen_q, seqlen_k, window_left, window_right,
+                                                BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT)
+    dq = _dq_key_blocks(dq, b_q, b_do, lse2, delta, k_base, v_base, lo, full_lo, o_m, o_d, m_d, i_bh,
+                        seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale,
+                        softcap_scale, softcap_log2, alibi_slope_log2, p_bias, stride_bias_m,
+                        stride_bias_n, p_rng, dropout_p, True, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                        HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N)
+    dq = _dq_key_blocks(dq, b_q, b_do, lse2, delta, k_base, v_base, full_lo, full_hi, o_m, o_d, m_d,
+                        i_bh, seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right,
+                        qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, p_bias, stride_bias_m,
+                        stride_bias_n, p_rng, dropout_p, False, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                        HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N)
+    dq = _dq_key_blocks(dq, b_q, b_do, lse2, delta, k_base, v_base, full_hi, hi, o_m, o_d, m_d, i_bh,
+                        seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale,
+                        softcap_scale, softcap_log2, alibi_slope_log2, p_bias, stride_bias_m,
+                        stride_bias_n, p_rng, dropout_p, True, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                        HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N)
+    dq_off = i_b64 * stride_dq_b + q_start * stride_dq_s + i_h * stride_dq_h
+    tl.store(p_dq + dq_off + o_m[:, None] * stride_dq_s + o_d[None, :], (dq * sm_scale).to(p_dq.dtype.element_ty),
+             mask=m_qd)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Launcher
+# ----------------------------------------------------------------------------------------------------
+
+def backward_configs(head_dim_block: int, dtype: torch.dtype) -> tuple[dict, dict]:
+    """(dK/dV config, dQ config). dK/dV holds two [BLOCK_N, D] fp32 accumulators and streams queries;
+    dQ holds one [BLOCK_M, D] accumulator and streams keys (see benchmarks/NOTES.md)."""
+    if INTERPRET:
+        small = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+        return small, small
+    if head_dim_block <= 64:
+        return (dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
+                dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3))
+    if head_dim_block <= 128:
+        return (dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
+                dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2))
+    return (dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=1),
+            dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1))
+
+
+def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window_left: int = -1,
+                        window_right: int = -1, bottom_right: bool = True, softcap: float = 0.0,
+                        alibi_slopes=None, attn_bias=None, dropout_p: float = 0.0, rng_state=None,
+                        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0, max_seqlen_k: int = 0):
+    """Launch the backward kernels; same arguments as flash_attn_forward plus dout, out and lse.
+    Returns (dq, dk, dv), contiguous, shaped like q, k, v."""
+    is_varlen = cu_seqlens_q is not None
+    head_dim = q.shape[-1]
+    nheads_q, nheads_k = q.shape[-2], k.shape[-2]
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if is_varlen:
+        batch = cu_seqlens_q.numel() - 1
+        seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
+        strides = [(0,) + t.stride() for t in (q, k, v, out, dout, dq, dk, dv)]
+        lse_strides = (0, lse.stride(0))
+    else:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        strides = [t.stride() for t in (q, k, v, out, dout, dq, dk, dv)]
+        lse_strides = (lse.stride(0), lse.stride(1))
+    if q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    q_s, k_s, v_s, o_s, do_s, dq_s, dk_s, dv_s = (s[:3] for s in strides)
+
+    block_d = head_dim_block(head_dim)
+    delta = torch.empty_like(lse)
+    pre_block = 64
+    _bwd_preprocess_kernel[(triton.cdiv(seqlen_q, pre_block), batch * nheads_q)](
+        out, dout, delta, cu_seqlens_q if is_varlen else delta, *o_s, *do_s, *lse_strides, nheads_q, seqlen_q, head_dim,
+        IS_VARLEN=is_varlen, BLOCK_M=pre_block, BLOCK_D=block_d)
+
+    has_alibi, has_bias = alibi_slopes is not None, attn_bias is not None
+    has_dropout, has_softcap = dropout_p > 0.0, softcap > 0.0
+    dummy = dq
+    common = dict(
+        IS_VARLEN=is_varlen, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
+        BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=has_softcap, HAS_ALIBI=has_alibi, HAS_BIAS=has_bias,
+        HAS_DROPOUT=has_dropout, BLOCK_D=block_d, EVEN_D=block_d == head_dim)
+    scalars = (softmax_scale, softmax_scale * math.log2(math.e),
+               (softmax_scale / softcap) if has_softcap else 0.0, softcap * math.log2(math.e),
+               window_left, window_right, float(dropout_p))
+    optional = (cu_seqlens_q if is_varlen else dummy, cu_seqlens_k if is_varlen else dummy,
+                alibi_slopes if has_alibi else dummy, attn_bias if has_bias else dummy,
+                rng_state if has_dropout else dummy)
+    alibi_stride = alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0
+    bias_strides = attn_bias.stride() if has_bias else (0, 0, 0, 0)
+    cfg_kv, cfg_q = backward_configs(block_d, q.dtype)
+
+    _bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg_kv["BLOCK_N"]), batch * nheads_k)](
+        q, k, v, dout, lse, delta, dk, dv, *optional,
+        *q_s, *k_s, *v_s, *do_s, *dk_s, *dv_s, *lse_strides, alibi_stride, *bias_strides,
+        nheads_q, nheads_k, nheads_q // nheads_k, seqlen_q, seqlen_k, head_dim, *scalars,
+        **common, **cfg_kv)
+    _bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg_q["BLOCK_M"]), batch * nheads_q)](
+        q, k, v, dout, lse, delta, dq, *optional,
+        *q_s, *k_s, *v_s, *do_s, *dq_s, *lse_strides, alibi_stride, *bias_strides,
+        nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, head_dim, *scalars,
+        **common, **cfg_q)
+    return dq, dk, dv
+

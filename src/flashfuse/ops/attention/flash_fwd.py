@@ -1,0 +1,235 @@
+"""FlashAttention-2 forward: tiled attention with an online softmax, O(S) extra memory.
+
+For one query block Q_b [BLOCK_M, D] the kernel streams key/value blocks K_j, V_j [BLOCK_N, D] and keeps
+three running values per row (all fp32, scores in the log2 domain, see _flash_common):
+
+    s     = score_mod(Q_b K_j^T)                       [BLOCK_M, BLOCK_N]
+    m_new = max(m, rowmax(s))                          running max
+    p     = exp2(s - m_new)
+    l     = l * exp2(m - m_new) + rowsum(p)            running normalizer
+    acc   = acc * exp2(m - m_new) + (p * keep / (1 - dropout_p)) V_j
+    ...
+    O_b   = acc / l,    lse = (m + log2 l) * ln 2      natural-log LSE, saved for the backward
+
+Rescaling acc whenever the max grows is the "online softmax": one pass over K and V, and S x S never
+exists anywhere. Rows with no visible key keep m = -inf and l = 0: they store O = 0 and lse = +inf, so
+the backward's exp(s - lse) is 0 for them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._env import INTERPRET
+from .._triton import dot
+from ._flash_common import LOG2E, key_block_phases, score_mod, seq_bounds
+from .dropout import dropout_keep
+
+
+@triton.jit
+def _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, start, end, o_m, o_d, m_d, i_bh,
+                    seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale,
+                    softcap_scale, softcap_log2, alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n,
+                    p_rng, dropout_p, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
+                    HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                    HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    """One phase of the key loop over key blocks [start, end); MASKED phases check every element."""
+    for start_n in range(start, end, BLOCK_N):
+        o_n = start_n + tl.arange(0, BLOCK_N)
+        if MASKED:
+            m_kv = (o_n[:, None] < seqlen_k) & m_d[None, :]                          # [BLOCK_N, BLOCK_D]
+            m_kt = (o_n[None, :] < seqlen_k) & m_d[:, None]                          # [BLOCK_D, BLOCK_N]
+        else:
+            m_kv = m_d[None, :]
+            m_kt = m_d[:, None]
+        b_kt = tl.load(k_base + o_n[None, :] * stride_k_s + o_d[:, None], mask=m_kt, other=0.0)
+        qk = dot(q, b_kt, tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32))          # [BLOCK_M, BLOCK_N]
+        s2, _ = score_mod(qk, o_m[:, None], o_n[None, :], seqlen_q, seqlen_k, window_left, window_right,
+                          qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, p_bias, stride_bias_m,
+                          stride_bias_n, MASKED, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP,
+                          HAS_ALIBI, HAS_BIAS)
+        m_new = tl.maximum(m_i, tl.max(s2, 1))
+        if MASKED or HAS_BIAS:
+            # A row may still have seen nothing but -inf: subtract 0, not -inf (which would give NaN).
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s2 - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if HAS_DROPOUT:
+            p = tl.where(dropout_keep(p_rng, i_bh, o_m[:, None], o_n[None, :], dropout_p), p, 0.0)
+        b_v = tl.load(v_base + o_n[:, None] * stride_v_s + o_d[None, :], mask=m_kv, other=0.0)
+        acc = dot(p.to(b_v.dtype), b_v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _flash_fwd_kernel(
+    p_q, p_k, p_v, p_o, p_lse, p_cu_seqlens_q, p_cu_seqlens_k, p_alibi, p_bias, p_rng,
+    stride_q_b, stride_q_s, stride_q_h,
+    stride_k_b, stride_k_s, stride_k_h,
+    stride_v_b, stride_v_s, stride_v_h,
+    stride_o_b, stride_o_s, stride_o_h,
+    stride_lse_b, stride_lse_h, stride_alibi_b,
+    stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
+    nheads_q, group, seqlen_q, seqlen_k, head_dim,
+    qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
+    IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+):
+    # Heaviest query blocks first (under a causal mask the last rows see the most keys), so the tail
+    # of the grid is made of short programs.
+    i_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // nheads_q
+    i_h = i_bh % nheads_q
+    i_hk = i_h // group                                        # GQA: the kv head of this query head
+    q_start, seqlen_q = seq_bounds(p_cu_seqlens_q, i_b, seqlen_q, IS_VARLEN)
+    k_start, seqlen_k = seq_bounds(p_cu_seqlens_k, i_b, seqlen_k, IS_VARLEN)
+    m0 = i_m * BLOCK_M
+    if m0 >= seqlen_q:
+        return
+
+    i_b64 = i_b.to(tl.int64)
+    q_base = p_q + i_b64 * stride_q_b + q_start * stride_q_s + i_h * stride_q_h
+    k_base = p_k + i_b64 * stride_k_b + k_start * stride_k_s + i_hk * stride_k_h
+    v_base = p_v + i_b64 * stride_v_b + k_start * stride_v_s + i_hk * stride_v_h
+    o_m = m0 + tl.arange(0, BLOCK_M)
+    o_d = tl.arange(0, BLOCK_D)
+    if EVEN_D:
+        m_d = o_d < BLOCK_D                                    # all true; folded away by the compiler
+    else:
+        m_d = o_d < head_dim
+    m_q = (o_m[:, None] < seqlen_q) & m_d[None, :]
+    q = tl.load(q_base + o_m[:, None] * stride_q_s + o_d[None, :], mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
+
+    alibi_slope_log2 = 0.0
+    if HAS_ALIBI:
+        alibi_slope_log2 = tl.load(p_alibi + i_b * stride_alibi_b + i_h) * LOG2E
+    if HAS_BIAS:
+        p_bias += i_b64 * stride_bias_b + i_h * stride_bias_h
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = key_block_phases(m0, seqlen_q, seqlen_k, window_left, window_right,
+                                                BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT)
+    # Masked boundary blocks on the left (sliding window), unmasked interior, masked blocks on the right
+    # (causal diagonal, window, ragged seqlen_k).
+    acc, l_i, m_i = _fwd_key_blocks(
+        acc, l_i, m_i, q, k_base, v_base, lo, full_lo, o_m, o_d, m_d, i_bh, seqlen_q, seqlen_k,
+        stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
+        alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT,
+        HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N)
+    acc, l_i, m_i = _fwd_key_blocks(
+        acc, l_i, m_i, q, k_base, v_base, full_lo, full_hi, o_m, o_d, m_d, i_bh, seqlen_q, seqlen_k,
+        stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
+        alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p, False, HAS_LEFT,
+        HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N)
+    acc, l_i, m_i = _fwd_key_blocks(
+        acc, l_i, m_i, q, k_base, v_base, full_hi, hi, o_m, o_d, m_d, i_bh, seqlen_q, seqlen_k,
+        stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
+        alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT,
+        HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N)
+
+    empty = l_i == 0.0                                         # rows that saw no key
+    l_safe = tl.where(empty, 1.0, l_i)
+    inv_l = 1.0 / l_safe
+    if HAS_DROPOUT:
+        inv_l = inv_l / (1.0 - dropout_p)
+    out = acc * inv_l[:, None]
+    o_base = p_o + i_b64 * stride_o_b + q_start * stride_o_s + i_h * stride_o_h
+    tl.store(o_base + o_m[:, None] * stride_o_s + o_d[None, :], out.to(p_o.dtype.element_ty), mask=m_q)
+    lse = tl.where(empty, float("inf"), (m_i + tl.log2(l_safe)) / LOG2E)
+    p_lse += i_b64 * stride_lse_b + i_h * stride_lse_h + q_start
+    tl.store(p_lse + o_m, lse, mask=o_m < seqlen_q)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Launcher
+# ----------------------------------------------------------------------------------------------------
+
+def forward_config(head_dim_block: int, dtype: torch.dtype) -> dict:
+    """Tile sizes, warps and pipeline depth (Hopper; see benchmarks/NOTES.md for how they were picked).
+
+    The interpreter runs numpy per tile, so it gets small 32 x 32 tiles: fast, and several blocks per
+    test sequence so every masking phase is exercised.
+    """
+    if INTERPRET:
+        return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+    if head_dim_block <= 64:
+        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
+    if head_dim_block <= 128:
+        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    # D = 256: a [128, 256] fp32 accumulator would spill; halve the query block.
+    return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+
+
+def head_dim_block(head_dim: int) -> int:
+    """Head dims are padded (masked) to a power of two >= 16, tl.dot's smallest K."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, window_right: int = -1,
+                       bottom_right: bool = True, softcap: float = 0.0, alibi_slopes=None, attn_bias=None,
+                       dropout_p: float = 0.0, rng_state=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                       max_seqlen_q: int = 0, max_seqlen_k: int = 0):
+    """Launch the forward kernel on validated inputs. Returns (out, lse).
+
+    q: (batch, seqlen_q, nheads_q, headdim), k/v: (batch, seqlen_k, nheads_k, headdim); or varlen
+    q: (total_q, nheads_q, headdim), k/v: (total_k, nheads_k, headdim) with int32 cu_seqlens_q/k.
+    out: like q, contiguous. lse: (batch, nheads_q, seqlen_q) or varlen (nheads_q, total_q), fp32.
+    window_left/right = -1 means unbounded; causal is window_right = 0. attn_bias: broadcast view
+    (batch, nheads_q, seqlen_q, seqlen_k), float. rng_state: int64 (seed, offset) when dropout_p > 0.
+    """
+    is_varlen = cu_seqlens_q is not None
+    head_dim = q.shape[-1]
+    nheads_q, nheads_k = q.shape[-2], k.shape[-2]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if is_varlen:
+        batch = cu_seqlens_q.numel() - 1
+        seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
+        lse = torch.empty(nheads_q, q.shape[0], dtype=torch.float32, device=q.device)
+        q_strides, k_strides, v_strides, o_strides = ((0,) + t.stride() for t in (q, k, v, out))
+        lse_strides = (0, lse.stride(0))
+    else:
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        seqlen_k = k.shape[1]
+        lse = torch.empty(batch, nheads_q, seqlen_q, dtype=torch.float32, device=q.device)
+        q_strides, k_strides, v_strides, o_strides = (t.stride() for t in (q, k, v, out))
+        lse_strides = (lse.stride(0), lse.stride(1))
+    if out.numel() == 0 or seqlen_q == 0:
+        return out, lse.fill_(float("inf"))
+
+    has_alibi = alibi_slopes is not None
+    has_bias = attn_bias is not None
+    has_dropout = dropout_p > 0.0
+    has_softcap = softcap > 0.0
+    block_d = head_dim_block(head_dim)
+    cfg = forward_config(block_d, q.dtype)
+    dummy = out  # stands in for absent optional tensors; never read (their HAS_ flags are off)
+    grid = (triton.cdiv(seqlen_q, cfg["BLOCK_M"]), batch * nheads_q)
+    _flash_fwd_kernel[grid](
+        q, k, v, out, lse,
+        cu_seqlens_q if is_varlen else dummy, cu_seqlens_k if is_varlen else dummy,
+        alibi_slopes if has_alibi else dummy, attn_bias if has_bias else dummy,
+        rng_state if has_dropout else dummy,
+        *q_strides[:3], *k_strides[:3], *v_strides[:3], *o_strides[:3], *lse_strides,
+        (alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0),
+        *(attn_bias.stride() if has_bias else (0, 0, 0, 0)),
+        nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, head_dim,
+        softmax_scale * math.log2(math.e), (softmax_scale / softcap) if has_softcap else 0.0,
+        softcap * math.log2(math.e), window_left, window_right, float(dropout_p),
+        IS_VARLEN=is_varlen, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
+        BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=has_softcap, HAS_ALIBI=has_alibi, HAS_BIAS=has_bias,
+        HAS_DROPOUT=has_dropout, BLOCK_D=block_d, EVEN_D=block_d == head_dim, **cfg,
+    )
+    return out, lse

@@ -1,0 +1,371 @@
+"""FlashAttention, public side: flash-attn 2.x compatible functions and torch SDPA's signature.
+
+Layers, top to bottom:
+- public functions (``flash_attn_func`` and its packed / varlen variants, ``scaled_dot_product_attention``)
+  validate their arguments with messages that name the argument, the value and what is supported, then
+  call one op;
+- two torch.library custom ops, ``flashfuse::flash_attn_fwd`` and ``flashfuse::flash_attn_bwd``, with fake
+  (meta) implementations and an autograd formula, so ``torch.compile(fullgraph=True)`` sees one op per
+  call, not a graph break;
+- the launchers in flash_fwd.py / flash_bwd.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..._checks import check_same, check_tensor, last_dim_contiguous
+from .dropout import new_rng_state
+from .flash_bwd import flash_attn_backward
+from .flash_fwd import flash_attn_forward
+
+MAX_HEAD_DIM = 256
+
+
+# ----------------------------------------------------------------------------------------------------
+# torch.library ops
+# ----------------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("flashfuse::flash_attn_fwd", mutates_args=())
+def _flash_attn_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
+                    cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                    softmax_scale: float, window_left: int, window_right: int, bottom_right: bool,
+                    softcap: float, alibi_slopes: Optional[Tensor], attn_bias: Optional[Tensor],
+                    dropout_p: float, rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    return flash_attn_forward(
+        q, k, v, softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
+        bottom_right=bottom_right, softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
+        dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+
+
+@_flash_attn_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
+      window_right, bottom_right, softcap, alibi_slopes, attn_bias, dropout_p, rng_state):
+    out = q.new_empty(q.shape)
+    if cu_seqlens_q is not None:
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    else:
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("flashfuse::flash_attn_bwd", mutates_args=())
+def _flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
+                    max_seqlen_k: int, softmax_scale: float, window_left: int, window_right: int,
+                    bottom_right: bool, softcap: float, alibi_slopes: Optional[Tensor],
+                    attn_bias: Optional[Tensor], dropout_p: float,
+                    rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    return flash_attn_backward(
+        dout, q, k, v, out, lse, softmax_scale=softmax_scale, window_left=window_left,
+        window_right=window_right, bottom_right=bottom_right, softcap=softcap, alibi_slopes=alibi_slopes,
+        attn_bias=attn_bias, dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+
+
+@_flash_attn_bwd.register_fake
+def _(dout, q, k, v, out, lse, *args):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+_OPTIONS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale",
+            "window_left", "window_right", "bottom_right", "softcap", "alibi_slopes", "attn_bias",
+            "dropout_p", "rng_state")
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *options = inputs
+    out, lse = output
+    ctx.options = dict(zip(_OPTIONS, options))
+    tensors = {name: ctx.options.pop(name) for name in
+               ("cu_seqlens_q", "cu_seqlens_k", "alibi_slopes", "attn_bias", "rng_state")}
+    ctx.tensor_names = list(tensors)
+    ctx.save_for_backward(q, k, v, out, lse, *tensors.values())
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse, *saved = ctx.saved_tensors
+    options = dict(ctx.options, **dict(zip(ctx.tensor_names, saved)))
+    dq, dk, dv = _flash_attn_bwd(last_dim_contiguous(dout), q, k, v, out, lse, **options)
+    return (dq, dk, dv) + (None,) * len(_OPTIONS)
+
+
+torch.library.register_autograd("flashfuse::flash_attn_fwd", _backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Argument checks
+# ----------------------------------------------------------------------------------------------------
+
+def _check_qkv(q, k, v, *, varlen: bool):
+    ndims = (3,) if varlen else (4,)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, ndims=ndims)
+    check_same(("q", "k", "v"), (q, k, v))
+    layout = "(total, nheads, headdim)" if varlen else "(batch, seqlen, nheads, headdim)"
+    head_dim = q.shape[-1]
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"q has head dim {head_dim}; supported: 1..{MAX_HEAD_DIM} (layout {layout})")
+    for name, t in (("k", k), ("v", v)):
+        if t.shape[-1] != head_dim:
+            raise ValueError(f"{name} has head dim {t.shape[-1]} but q has {head_dim}; they must match")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}; k and v must agree "
+                         f"in {layout[1:-1].rsplit(',', 1)[0]}")
+    if not varlen and k.shape[0] != q.shape[0]:
+        raise ValueError(f"k has batch {k.shape[0]} but q has batch {q.shape[0]}")
+    nheads_q, nheads_k = q.shape[-2], k.shape[-2]
+    if nheads_k == 0 or nheads_q % nheads_k != 0:
+        raise ValueError(f"q has {nheads_q} heads and k/v have {nheads_k}: the number of query heads must "
+                         "be a multiple of the number of key/value heads (MHA, GQA or MQA)")
+
+
+def _check_options(q, *, batch: int, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes):
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p is {dropout_p}; supported: 0 <= dropout_p < 1")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale is {softmax_scale!r}; supported: a finite number or None")
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, int) and w >= -1 for w in window_size)):
+        raise ValueError(f"window_size is {window_size!r}; supported: (left, right) ints >= -1 (-1 = unbounded)")
+    window_left, window_right = window_size
+    if causal:
+        window_right = 0
+    if not isinstance(softcap, (int, float)) or softcap < 0 or not math.isfinite(softcap):
+        raise ValueError(f"softcap is {softcap!r}; supported: 0 (off) or a positive number")
+    nheads_q = q.shape[-2]
+    if alibi_slopes is not None:
+        check_tensor("alibi_slopes", alibi_slopes, ndims=(1, 2), dtypes=(torch.float32,))
+        check_same(("q", "alibi_slopes"), (q, alibi_slopes), dtype=False)
+        if tuple(alibi_slopes.shape) not in ((nheads_q,), (batch, nheads_q)):
+            raise ValueError(f"alibi_slopes has shape {tuple(alibi_slopes.shape)}; supported: "
+                             f"({nheads_q},) or ({batch}, {nheads_q}) (nheads,) or (batch, nheads)")
+        alibi_slopes = alibi_slopes if alibi_slopes.stride(-1) == 1 else alibi_slopes.contiguous()
+    return float(softmax_scale), window_left, window_right, float(softcap), alibi_slopes
+
+
+def _check_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        check_tensor(name, cu, ndims=(1,), dtypes=(torch.int32,))
+        check_same(("q", name), (q, cu), dtype=False)
+        if cu.numel() < 2:
+            raise ValueError(f"{name} has {cu.numel()} entries; it needs nseq + 1 >= 2 (a leading 0, then "
+                             "the running total of sequence lengths)")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.numel()} entries but cu_seqlens_k has "
+                         f"{cu_seqlens_k.numel()}; both describe the same sequences")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} is {value!r}; supported: an int >= the longest sequence")
+    if torch.compiler.is_compiling():
+        return  # the checks below read the tensors (a host sync); under torch.compile they are skipped
+    # One host sync for every data check: [first, min step, last, max step] of each.
+    stats = torch.stack([torch.stack([cu[0], torch.diff(cu).min(), cu[-1], torch.diff(cu).max()])
+                         for cu in (cu_seqlens_q, cu_seqlens_k)]).tolist()
+    for (first, min_step, last, max_step), name, total, max_len, max_name in (
+            (stats[0], "cu_seqlens_q", q.shape[0], max_seqlen_q, "max_seqlen_q"),
+            (stats[1], "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")):
+        if first != 0 or min_step < 0:
+            raise ValueError(f"{name} must start at 0 and never decrease (cumulative sequence lengths); "
+                             f"got first={first}, smallest step={min_step}")
+        if last > total:
+            raise ValueError(f"{name} ends at {last} but the packed tensor has only {total} rows")
+        if max_step > max_len:
+            raise ValueError(f"{max_name} is {max_len} but a sequence in {name} has {max_step} tokens; "
+                             f"{max_name} must be >= the longest sequence")
+
+
+def _run(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
+         softmax_scale, window_left, window_right, bottom_right=True, softcap=0.0, alibi_slopes=None,
+         attn_bias=None, dropout_p=0.0):
+    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
+    rng_state = new_rng_state(q.device) if dropout_p > 0 else None
+    return _flash_attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                           window_left, window_right, bottom_right, softcap, alibi_slopes, attn_bias,
+                           float(dropout_p), rng_state)
+
+
+# ----------------------------------------------------------------------------------------------------
+# flash-attn compatible API
+# ----------------------------------------------------------------------------------------------------
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Exact attention, FlashAttention-2 style: O(seqlen) memory, forward and backward in Triton.
+
+    Shapes: q (batch, seqlen_q, nheads_q, headdim); k, v (batch, seqlen_k, nheads_k, headdim) with
+    nheads_q a multiple of nheads_k (GQA/MQA: query head h reads kv head h // (nheads_q // nheads_k)).
+    headdim 1..256; fp16, bf16 or fp32 (fp32 dot products use tf32x3 on the GPU, about fp32 accuracy);
+    any strides with a contiguous last dim (slices of a packed QKV are not copied).
+
+    Options: softmax_scale (default 1/sqrt(headdim)); causal (bottom-right aligned when seqlen_q !=
+    seqlen_k, as flash-attn >= 2.1); window_size (left, right): query i sees keys
+    [i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right], -1 = unbounded; softcap > 0:
+    scores become softcap * tanh(scores / softcap); alibi_slopes fp32 (nheads,) or (batch, nheads) add
+    -slope * |i + seqlen_k - seqlen_q - j|; dropout_p on the probabilities (Philox, regenerated in the
+    backward; seeded from torch's generator). deterministic is accepted for compatibility: the backward
+    never uses atomics, so gradients are always bit-identical run to run. A query row that sees no key
+    gets output 0 (and lse +inf).
+
+    Returns out (batch, seqlen_q, nheads_q, headdim), or with return_attn_probs=True
+    ``(out, softmax_lse (batch, nheads_q, seqlen_q) fp32 natural log, None)``.
+
+    Example::
+
+        q = torch.randn(2, 1024, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k, v = torch.randn_like(q), torch.randn_like(q)
+        out = flash_attn_func(q, k, v, causal=True)   # (2, 1024, 16, 128)
+    """
+    _check_qkv(q, k, v, varlen=False)
+    scale, left, right, softcap, alibi_slopes = _check_options(
+        q, batch=q.shape[0], dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    out, lse = _run(q, k, v, softmax_scale=scale, window_left=left, window_right=right, softcap=softcap,
+                    alibi_slopes=alibi_slopes, dropout_p=dropout_p)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func on a packed qkv (batch, seqlen, 3, nheads, headdim); slices are not copied."""
+    check_tensor("qkv", qkv, ndims=(5,))
+    if qkv.shape[2] != 3:
+        raise ValueError(f"qkv has shape {tuple(qkv.shape)}; expected (batch, seqlen, 3, nheads, headdim)")
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal,
+                           window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func with a packed kv (batch, seqlen_k, 2, nheads_k, headdim)."""
+    check_tensor("kv", kv, ndims=(5,))
+    if kv.shape[2] != 2:
+        raise ValueError(f"kv has shape {tuple(kv.shape)}; expected (batch, seqlen_k, 2, nheads_k, headdim)")
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size,
+                           softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func over a packed batch of variable-length sequences.
+
+    q: (total_q, nheads_q, headdim), k, v: (total_k, nheads_k, headdim); cu_seqlens_q/k: int32
+    (nseq + 1,), the running sums of the sequence lengths starting at 0 (sequence b is rows
+    cu_seqlens[b] : cu_seqlens[b + 1]); max_seqlen_q/k: >= the longest sequence. Causal and windows
+    align each sequence's own diagonal. alibi_slopes: (nheads,) or (nseq, nheads). Validating
+    cu_seqlens reads them once (one host sync), except under torch.compile.
+    With return_attn_probs=True returns (out, softmax_lse (nheads_q, total_q) fp32, None).
+    """
+    _check_qkv(q, k, v, varlen=True)
+    _check_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    scale, left, right, softcap, alibi_slopes = _check_options(
+        q, batch=cu_seqlens_q.numel() - 1, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    out, lse = _run(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                    max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), softmax_scale=scale,
+                    window_left=left, window_right=right, softcap=softcap, alibi_slopes=alibi_slopes,
+                    dropout_p=dropout_p)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,
+                                     causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                     deterministic=False, return_attn_probs=False):
+    """flash_attn_varlen_func on a packed qkv (total, 3, nheads, headdim)."""
+    check_tensor("qkv", qkv, ndims=(4,))
+    if qkv.shape[1] != 3:
+        raise ValueError(f"qkv has shape {tuple(qkv.shape)}; expected (total, 3, nheads, headdim)")
+    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen,
+                                  max_seqlen, dropout_p, softmax_scale, causal, window_size, softcap,
+                                  alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                                    softcap=0.0, alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False):
+    """flash_attn_varlen_func with a packed kv (total_k, 2, nheads_k, headdim)."""
+    check_tensor("kv", kv, ndims=(4,))
+    if kv.shape[1] != 2:
+        raise ValueError(f"kv has shape {tuple(kv.shape)}; expected (total_k, 2, nheads_k, headdim)")
+    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
+                                  alibi_slopes, deterministic, return_attn_probs)
+
+
+# ----------------------------------------------------------------------------------------------------
+# torch SDPA signature
+# ----------------------------------------------------------------------------------------------------
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False):
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` on the flashfuse kernels.
+
+    Shapes: query (batch, nheads_q, seqlen_q, headdim), key/value (batch, nheads_k, seqlen_k, headdim);
+    3-D (nheads, seqlen, headdim) works too. Semantics are torch's: is_causal is top-left aligned;
+    attn_mask bool (True = may attend) or float (added to the scores), broadcastable to
+    (batch, nheads_q, seqlen_q, seqlen_k); nheads_q != nheads_k needs enable_gqa=True. Differences:
+    a row that may attend to nothing gives 0 rather than NaN; value must share query's head dim; a float
+    attn_mask that requires grad is not supported (NotImplementedError). Returns (batch, nheads_q,
+    seqlen_q, headdim), a transposed view of a (batch, seqlen_q, nheads_q, headdim) buffer.
+    """
+    check_tensor("query", query, ndims=(3, 4))
+    squeeze = query.dim() == 3
+    if squeeze:
+        query, key, value = (t.unsqueeze(0) if isinstance(t, torch.Tensor) else t for t in (query, key, value))
+    for name, t in (("key", key), ("value", value)):
+        check_tensor(name, t, ndims=(4,))
+    if value.shape[-1] != query.shape[-1]:
+        raise NotImplementedError(f"value has head dim {value.shape[-1]} but query has {query.shape[-1]}; "
+                                  "flashfuse attention needs equal head dims")
+    if query.shape[1] != key.shape[1] and not enable_gqa:
+        raise ValueError(f"query has {query.shape[1]} heads but key has {key.shape[1]}; "
+                         "set enable_gqa=True for grouped-query attention")
+    if attn_mask is not None and is_causal:
+        raise ValueError("attn_mask and is_causal are both set; pass one of them (as torch SDPA requires)")
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))       # (batch, seqlen, nheads, headdim)
+    _check_qkv(q, k, v, varlen=False)
+    scale, left, right, _, _ = _check_options(
+        q, batch=q.shape[0], dropout_p=dropout_p, softmax_scale=scale, causal=is_causal,
+        window_size=(-1, -1), softcap=0.0, alibi_slopes=None)
+    bias = None
+    if attn_mask is not None:
+        bias = _mask_to_bias(attn_mask, q, k, squeeze)
+    out, _ = _run(q, k, v, softmax_scale=scale, window_left=left, window_right=right,
+                  bottom_right=False, attn_bias=bias, dropout_p=dropout_p)
+    out = out.transpose(1, 2)
+    return out[0] if squeeze else out
+
+
+def _mask_to_bias(attn_mask, q, k, squeezed):
+    check_tensor("attn_mask", attn_mask, dtypes=(torch.bool, torch.float16, torch.bfloat16, torch.float32))
+    check_same(("query", "attn_mask"), (q, attn_mask), dtype=False)
+    if attn_mask.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError("attn_mask requires grad; flashfuse attention does not differentiate "
+                                  "with respect to the mask (pass attn_mask.detach())")
+    batch, seqlen_q, nheads, _ = q.shape
+    target = (batch, nheads, seqlen_q, k.shape[1])
+    if squeezed and attn_mask.dim() == 3:
+        attn_mask = attn_mask.unsqueeze(0)
+    try:
+        broadcast_ok = torch.broadcast_shapes(attn_mask.shape, target) == target
+    except RuntimeError:
+        broadcast_ok = False
+    if not broadcast_ok:
+        shown = target[1:] if squeezed else target
+        raise ValueError(f"attn_mask has shape {tuple(attn_mask.shape)}, which does not broadcast to "
+                         f"{shown} (batch, nheads, seqlen_q, seqlen_k)")
+    if attn_mask.dtype == torch.bool:
+        # 0 where attending, -inf elsewhere, at the mask's own (un-broadcast) size.
+        attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
+            ~attn_mask, float("-inf"))
+    return attn_mask.expand(target)                       # broadcast dims get stride 0: no copy
