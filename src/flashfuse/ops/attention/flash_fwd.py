@@ -43,12 +43,10 @@ def _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, start, end, o_m, o_d, m_d,
         o_n = start_n + tl.arange(0, BLOCK_N)
         if MASKED:
             m_kv = (o_n[:, None] < seqlen_k) & m_d[None, :]                          # [BLOCK_N, BLOCK_D]
-            m_kt = (o_n[None, :] < seqlen_k) & m_d[:, None]                          # [BLOCK_D, BLOCK_N]
         else:
             m_kv = m_d[None, :]
-            m_kt = m_d[:, None]
-        b_kt = tl.load(k_base + o_n[None, :] * stride_k_s + o_d[:, None], mask=m_kt, other=0.0)
-        qk = dot(q, b_kt, tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32))          # [BLOCK_M, BLOCK_N]
+        b_k = tl.load(k_base + o_n[:, None] * stride_k_s + o_d[None, :], mask=m_kv, other=0.0)
+        qk = dot(q, tl.trans(b_k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32))  # [BLOCK_M, BLOCK_N]
         s2, _ = score_mod(qk, o_m[:, None], o_n[None, :], seqlen_q, seqlen_k, window_left, window_right,
                           qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, p_bias, stride_bias_m,
                           stride_bias_n, MASKED, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP,

@@ -1,0 +1,137 @@
+"""Sweep tile configs of the FlashAttention kernels on the GPU, beside SDPA (cuDNN, flash) in the same run.
+
+    python benchmarks/tune_flash.py [--seqlen 8192] [--hdims 64,128] [--out results.json]
+
+Forward configs are swept whole; the backward's two kernels one at a time (dK/dV with the default dQ
+config, then dQ with the best dK/dV config). Every config is checked against SDPA before it is timed.
+Used to choose the tables in flash_fwd.forward_config / flash_bwd.backward_configs (benchmarks/NOTES.md).
+"""
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+import flashfuse
+from flashfuse.ops.attention import flash_bwd, flash_fwd
+
+
+def cfg(bm, bn, w, s):
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
+
+
+FWD = {
+    64: [cfg(128, 64, 4, 3), cfg(128, 128, 8, 3), cfg(128, 64, 8, 3), cfg(128, 128, 4, 3), cfg(64, 64, 4, 3),
+         cfg(128, 64, 4, 4)],
+    128: [cfg(128, 64, 8, 3), cfg(128, 64, 4, 3), cfg(128, 128, 8, 3), cfg(128, 128, 8, 2), cfg(64, 64, 4, 3),
+          cfg(128, 32, 4, 3)],
+}
+BWD_KV = {
+    64: [cfg(64, 128, 8, 3), cfg(32, 128, 4, 3), cfg(64, 64, 4, 3), cfg(64, 128, 4, 3), cfg(128, 128, 8, 2)],
+    128: [cfg(64, 128, 8, 2), cfg(32, 128, 4, 2), cfg(64, 64, 4, 2), cfg(64, 128, 8, 3), cfg(32, 64, 4, 3)],
+}
+BWD_Q = {
+    64: [cfg(128, 64, 8, 3), cfg(128, 32, 4, 3), cfg(64, 64, 4, 3), cfg(128, 128, 8, 2), cfg(64, 128, 4, 3)],
+    128: [cfg(128, 64, 8, 2), cfg(64, 64, 4, 2), cfg(128, 32, 4, 2), cfg(128, 64, 8, 3), cfg(64, 128, 8, 2)],
+}
+
+
+def flops(batch, nheads, seqlen, hdim, causal):
+    return 4 * batch * nheads * seqlen * seqlen * hdim * (0.5 if causal else 1.0)
+
+
+def bench_fwd_bwd(fn, inputs, dout):
+    out = fn(*inputs)
+    t_fwd = do_bench(lambda: fn(*inputs), warmup=25, rep=100, return_mode="median")
+    t_bwd = do_bench(lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True), warmup=25, rep=100,
+                     return_mode="median")
+    return out, t_fwd, t_bwd
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqlen", type=int, default=8192)
+    ap.add_argument("--hdims", default="64,128")
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rows = []
+    dtype = torch.bfloat16
+    for hdim in (int(h) for h in args.hdims.split(",")):
+        for causal in (bool(int(c)) for c in args.causal.split(",")):
+            seqlen = args.seqlen
+            nheads, batch = 2048 // hdim, 16384 // seqlen
+            fl = flops(batch, nheads, seqlen, hdim, causal)
+            q, k, v = (torch.randn(batch, nheads, seqlen, hdim, device="cuda", dtype=dtype, requires_grad=True)
+                       for _ in range(3))
+            dout = torch.randn_like(q)
+            ref = None
+            for backend, name in ((SDPBackend.CUDNN_ATTENTION, "sdpa-cudnn"), (SDPBackend.FLASH_ATTENTION, "sdpa-flash")):
+                with sdpa_kernel(backend):
+                    out, tf, tb = bench_fwd_bwd(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal),
+                                                (q, k, v), dout)
+                ref = out.detach().float() if ref is None else ref
+                rows.append(dict(hd=hdim, causal=causal, S=seqlen, impl=name, fwd=fl / tf * 1e-9, bwd=2.5 * fl / tb * 1e-9))
+                print(rows[-1], flush=True)
+            qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+            dout_t = dout.transpose(1, 2)
+            fn = lambda a, b, c: flashfuse.flash_attn_func(a, b, c, causal=causal)  # noqa: E731
+
+            def check(out):
+                err = ((out.transpose(1, 2).float() - ref).norm() / ref.norm()).item()
+                return err
+
+            default_fwd, default_bwd = flash_fwd.forward_config, flash_bwd.backward_configs
+            for c in FWD[hdim]:
+                flash_fwd.forward_config = lambda *a, c=c: c
+                try:
+                    out = fn(qt, kt, vt)
+                    err = check(out)
+                    tf = do_bench(lambda: fn(qt, kt, vt), warmup=25, rep=100, return_mode="median")
+                    rows.append(dict(hd=hdim, causal=causal, S=seqlen, impl="ff-fwd", cfg=c, err=err, fwd=fl / tf * 1e-9))
+                except Exception as e:  # noqa: BLE001 (a config that does not compile is a result too)
+                    rows.append(dict(hd=hdim, causal=causal, S=seqlen, impl="ff-fwd", cfg=c, error=repr(e)[:200]))
+                print(rows[-1], flush=True)
+            flash_fwd.forward_config = default_fwd
+            kv_default, q_default = default_bwd(hdim, dtype)
+            best = {}
+            for stage, candidates in (("kv", BWD_KV[hdim]), ("q", BWD_Q[hdim])):
+                best_t = float("inf")
+                for c in candidates:
+                    if stage == "kv":
+                        flash_bwd.backward_configs = lambda *a, c=c: (c, q_default)
+                    else:
+                        flash_bwd.backward_configs = lambda *a, c=c: (best["kv"], c)
+                    try:
+                        out = fn(qt, kt, vt)
+                        grads = torch.autograd.grad(out, (qt, kt, vt), dout_t, retain_graph=True)
+                        bad = any(not torch.isfinite(g).all() for g in grads)
+                        tb = do_bench(lambda: torch.autograd.grad(out, (qt, kt, vt), dout_t, retain_graph=True),
+                                      warmup=25, rep=100, return_mode="median")
+                        rows.append(dict(hd=hdim, causal=causal, S=seqlen, impl=f"ff-bwd-{stage}", cfg=c,
+                                         nonfinite=bad, bwd=2.5 * fl / tb * 1e-9))
+                        if tb < best_t and not bad:
+                            best_t, best[stage] = tb, c
+                    except Exception as e:  # noqa: BLE001
+                        rows.append(dict(hd=hdim, causal=causal, S=seqlen, impl=f"ff-bwd-{stage}", cfg=c,
+                                         error=repr(e)[:200]))
+                    print(rows[-1], flush=True)
+                best.setdefault(stage, kv_default if stage == "kv" else q_default)
+            flash_bwd.backward_configs = default_bwd
+    if args.out:
+        json.dump(rows, open(args.out, "w"), indent=1)
+    print("\nsummary (TFLOP/s):")
+    for r in rows:
+        if "error" in r:
+            continue
+        print(f"hd{r['hd']:>4} {'causal' if r['causal'] else 'full  '} {r['impl']:<12} "
+              f"{r.get('fwd', float('nan')):7.1f} {r.get('bwd', float('nan')):7.1f}  {r.get('cfg', '')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
