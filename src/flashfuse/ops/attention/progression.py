@@ -45,8 +45,8 @@ LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): exp2 is the native ins
 #
 # Why it is slow, although it moves the "right" bytes: every trip is one headdim-long load (k_j, then
 # k_j and v_j), a reduction across the warp, and a few scalar flops that depend on that load. Nothing
-# overlaps: the program waits a full HBM/L2 latency (~0.5-1 us) per key, 2 * seqlen_k times, with one
-# warp busy. Each query row reads all of K (twice) and V on its own: seqlen_q * 3 * seqlen_k * headdim
+# overlaps: the program waits a full L2/HBM round trip (hundreds of cycles) per key, 2 * seqlen_k
+# times, with one warp busy. Each query row reads all of K (twice) and V on its own: seqlen_q * 3 * seqlen_k * headdim
 # elements go through L2 for seqlen_k * headdim * 2 of real data. No tensor cores (the dot products are
 # warp reductions on CUDA cores). It is the "write the math as loops" version, and it is correct.
 # ----------------------------------------------------------------------------------------------------
@@ -132,6 +132,9 @@ def _basic_attention_kernel(
 # leaving the other 64 for q, the products and the addresses. Twice that (65536 elements) would need the
 # whole register file for the tile alone and spill to local memory on every access. So the largest tile
 # is 32768 elements: seqlen_k <= 512 at headdim 64, 256 at headdim 128, 128 at headdim 256.
+# Checked by compiling for sm_90 with Triton 3.6 and 3.9 (ptxas resource usage): at 32768 elements and
+# 16 warps the kernel takes ~90-130 registers and no stack, fp16 and fp32; at 65536 it hits the
+# 128-register cap of 16 warps and spills 96-448 bytes per thread (32 warps, 64 registers each: too).
 VECTORIZED_MAX_ELEMENTS = 32768
 # 64 tile elements per thread (see above), so small tiles get fewer warps: 2048 elements per warp.
 _VECTORIZED_ELEMENTS_PER_WARP = 64 * 32
@@ -280,38 +283,43 @@ def _blocked_scores(b_q, p_kn, o_m, o_n, m_d, seqlen_k, qk_scale, IS_CAUSAL: tl.
     return tl.where(visible, b_s, float("-inf"))
 
 
-# Hopper has 228 KiB of shared memory per SM (227 KiB per block). The K and V tiles of the pipeline
-# (num_stages copies in flight) get at most 160 KiB, which leaves room for the Q tile when the dot keeps
-# it in shared memory and for the layout conversions the compiler adds between the two dots.
-_SMEM_PIPELINE_BUDGET = 160 * 1024
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) for Hopper, by element size and padded head dim.
+#
+# Registers: the fp32 accumulator [BLOCK_M, BLOCK_D], the score tile [BLOCK_M, BLOCK_N] and the Q tile
+# stay in registers for the whole loop, so the tiles are sized to keep a thread under the 255-register
+# cap without spilling. Shared memory: the K/V tiles of the software pipeline, num_stages copies, must
+# stay under Hopper's 227 KiB per block. Each entry was checked by compiling the kernel for sm_90 with
+# Triton 3.6 and 3.9 and reading ptxas's resource usage (cuobjdump --dump-resource-usage); the numbers
+# below are those. They are sound starting points, not timed optima.
+# - 16-bit, headdim <= 64: BLOCK_M = 128 (a wgmma covers 64 rows per 4-warp warpgroup; 128 rows halve
+#   the K/V traffic per query against 64), BLOCK_N = 64 keys per tile, 4 warps, 3 stages (a third
+#   buffer hides the load latency behind two dots; more only takes shared memory): <= 237 regs, no
+#   spill, 24 KiB.
+# - 16-bit, headdim 128: the same tiles with 8 warps (acc is 128*128/256 = 64 regs per thread):
+#   <= 241 regs, 48 KiB.
+# - 16-bit, headdim 256: BLOCK_M = 64 (128 rows would need 128 regs per thread for acc alone) and
+#   BLOCK_N = 32 (64 spills), 8 warps, 2 stages: <= 228 regs, 48 KiB.
+# - fp32 (tf32x3 dots split each operand in a high and a low tf32 part, which roughly doubles operand
+#   registers and shared memory): headdim <= 64 with 8 warps and 2 stages (<= 233 regs, 128 KiB; 4
+#   warps spill, 3 stages take 160 KiB); headdim 128 with BLOCK_N = 32 and 1 stage (160 KiB, a 16-40
+#   byte spill: every larger tile or deeper pipeline spills more or needs 192-256 KiB); headdim 256
+#   with 64 x 16 tiles and 1 stage (160 KiB, spills 0.5-1.4 KiB per thread whatever the tiles: fp32 at
+#   headdim 256 is correct but not what this kernel is for).
+_BLOCKED_CONFIGS = {
+    # (element bytes, BLOCK_D): (BLOCK_M, BLOCK_N, num_warps, num_stages)
+    (2, 64): (128, 64, 4, 3),
+    (2, 128): (128, 64, 8, 3),
+    (2, 256): (64, 32, 8, 2),
+    (4, 64): (128, 64, 8, 2),
+    (4, 128): (128, 32, 8, 1),
+    (4, 256): (64, 16, 8, 1),
+}
 
 
 def _blocked_config(block_d: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for Hopper, from the register and shared-memory budget.
-
-    Registers: the fp32 accumulator [BLOCK_M, BLOCK_D], the score tile [BLOCK_M, BLOCK_N] and the Q tile
-    live in registers; we keep each under ~64 registers per thread so nothing spills (255 is the cap).
-    - headdim <= 64: BLOCK_M = 128 (a Hopper wgmma is 64 rows per 4-warp warpgroup; 128 rows halve the
-      K/V traffic per query against 64), BLOCK_N = 64, 4 warps: acc is 128*64/128 = 64 regs per thread.
-    - headdim 128: same tiles, 8 warps (two warpgroups): acc is 128*128/256 = 64 regs per thread.
-    - headdim 256: BLOCK_M = 64 (128 rows would need 128 regs per thread for acc alone), 8 warps.
-    BLOCK_N = 64 keys per tile is the wgmma-friendly N that keeps the score tile at 32-64 regs; fp32 at
-    headdim 256 halves it (a 64 x 256 fp32 tile is 64 KiB, K + V per stage would be 128 KiB).
-    num_stages: as many K/V tile copies as fit _SMEM_PIPELINE_BUDGET, at most 3 (the loop body is two
-    dots; a third buffer already hides the load latency, more would only take shared memory).
-    """
-    if block_d <= 64:
-        block_m, block_n, num_warps = 128, 64, 4
-    elif block_d <= 128:
-        block_m, block_n, num_warps = 128, 64, 8
-    else:
-        block_m, block_n, num_warps = 64, 64, 8
-    elem = torch.tensor([], dtype=dtype).element_size()
-    if block_d * block_n * elem > 32 * 1024:                              # fp32 at headdim 256
-        block_n = 32
-    stage_bytes = 2 * block_n * block_d * elem                            # one K tile + one V tile
-    num_stages = max(1, min(3, _SMEM_PIPELINE_BUDGET // stage_bytes))
-    return block_m, block_n, num_warps, num_stages
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this padded head dim (16..256) and dtype."""
+    elem = 4 if dtype == torch.float32 else 2
+    return _BLOCKED_CONFIGS[(elem, max(block_d, 64))]
 
 
 # ----------------------------------------------------------------------------------------------------
