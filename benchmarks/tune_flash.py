@@ -2,8 +2,8 @@
 
     python benchmarks/tune_flash.py [--seqlen 8192] [--hdims 64,128] [--out results.json]
 
-Forward configs are swept whole; the backward's two kernels one at a time (dK/dV with the default dQ
-config, then dQ with the best dK/dV config). Every config is checked against SDPA before it is timed.
+Forward and backward configs are swept whole (the backward's dK/dV and dQ tiles together, fused into
+one grid or as two launches). Every config is checked against SDPA before it is timed.
 Used to choose the tables in flash_fwd.forward_config / flash_bwd.backward_configs (benchmarks/NOTES.md).
 """
 
@@ -24,19 +24,27 @@ def cfg(bm, bn, w, s):
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
 
 
+# Candidates screened offline for register spills (ptxas -v on the sm_90a build, see NOTES.md).
 FWD = {
-    64: [cfg(128, 64, 4, 3), cfg(128, 128, 8, 3), cfg(128, 64, 8, 3), cfg(128, 128, 4, 3), cfg(64, 64, 4, 3),
-         cfg(128, 64, 4, 4)],
-    128: [cfg(128, 64, 8, 3), cfg(128, 64, 4, 3), cfg(128, 128, 8, 3), cfg(128, 128, 8, 2), cfg(64, 64, 4, 3),
+    64: [cfg(128, 64, 4, 3), cfg(128, 128, 8, 3), cfg(128, 64, 8, 3), cfg(64, 64, 4, 3), cfg(128, 32, 4, 3),
+         cfg(128, 128, 8, 2)],
+    128: [cfg(128, 64, 8, 3), cfg(128, 128, 8, 3), cfg(128, 128, 8, 2), cfg(64, 64, 4, 3), cfg(128, 64, 8, 2),
           cfg(128, 32, 4, 3)],
 }
-BWD_KV = {
-    64: [cfg(64, 128, 8, 3), cfg(32, 128, 4, 3), cfg(64, 64, 4, 3), cfg(64, 128, 4, 3), cfg(128, 128, 8, 2)],
-    128: [cfg(64, 128, 8, 2), cfg(32, 128, 4, 2), cfg(64, 64, 4, 2), cfg(64, 128, 8, 3), cfg(32, 64, 4, 3)],
-}
-BWD_Q = {
-    64: [cfg(128, 64, 8, 3), cfg(128, 32, 4, 3), cfg(64, 64, 4, 3), cfg(128, 128, 8, 2), cfg(64, 128, 4, 3)],
-    128: [cfg(128, 64, 8, 2), cfg(64, 64, 4, 2), cfg(128, 32, 4, 2), cfg(128, 64, 8, 3), cfg(64, 128, 8, 2)],
+def bcfg(m1, n1, m2, n2, w, st, fused, wq=None, sq=None):
+    c = dict(BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2, FUSED=fused, num_warps=w, num_stages=st)
+    if not fused:
+        c.update(num_warps_q=wq, num_stages_q=sq)
+    return c
+
+
+# (dK/dV tiles, dQ tiles): two launches with each kind's best config from the first sweep, against
+# one fused grid (shared num_warps / num_stages) as FlexAttention does.
+BWD = {
+    64: [bcfg(32, 64, 128, 64, 4, 3, False, 8, 2), bcfg(64, 128, 128, 64, 8, 2, True),
+         bcfg(32, 128, 128, 64, 8, 2, True), bcfg(32, 64, 64, 64, 4, 3, True), bcfg(64, 128, 128, 32, 8, 3, True)],
+    128: [bcfg(32, 64, 128, 64, 4, 3, False, 8, 2), bcfg(64, 128, 128, 64, 8, 2, True),
+          bcfg(32, 128, 128, 64, 8, 2, True), bcfg(32, 64, 64, 64, 4, 3, True), bcfg(64, 128, 128, 32, 8, 3, True)],
 }
 
 
@@ -58,6 +66,7 @@ def main():
     ap.add_argument("--hdims", default="64,128")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--skip-fwd", action="store_true", help="sweep the backward only")
     args = ap.parse_args()
     rows = []
     dtype = torch.bfloat16
@@ -85,8 +94,8 @@ def main():
                 err = ((out.transpose(1, 2).float() - ref).norm() / ref.norm()).item()
                 return err
 
-            default_fwd, default_bwd = flash_fwd.forward_config, flash_bwd.backward_configs
-            for c in FWD[hdim]:
+            default_fwd, default_bwd = flash_fwd.forward_config, flash_bwd.backward_config
+            for c in ([] if args.skip_fwd else FWD[hdim]):
                 flash_fwd.forward_config = lambda *a, c=c: c
                 try:
                     out = fn(qt, kt, vt)
@@ -97,31 +106,20 @@ def main():
                     rows.append(dict(hd=hdim, causal=causal, S=seqlen, impl="ff-fwd", cfg=c, error=repr(e)[:200]))
                 print(rows[-1], flush=True)
             flash_fwd.forward_config = default_fwd
-            kv_default, q_default = default_bwd(hdim, dtype)
-            best = {}
-            for stage, candidates in (("kv", BWD_KV[hdim]), ("q", BWD_Q[hdim])):
-                best_t = float("inf")
-                for c in candidates:
-                    if stage == "kv":
-                        flash_bwd.backward_configs = lambda *a, c=c: (c, q_default)
-                    else:
-                        flash_bwd.backward_configs = lambda *a, c=c: (best["kv"], c)
-                    try:
-                        out = fn(qt, kt, vt)
-                        grads = torch.autograd.grad(out, (qt, kt, vt), dout_t, retain_graph=True)
-                        bad = any(not torch.isfinite(g).all() for g in grads)
-                        tb = do_bench(lambda: torch.autograd.grad(out, (qt, kt, vt), dout_t, retain_graph=True),
-                                      warmup=25, rep=100, return_mode="median")
-                        rows.append(dict(hd=hdim, causal=causal, S=seqlen, impl=f"ff-bwd-{stage}", cfg=c,
-                                         nonfinite=bad, bwd=2.5 * fl / tb * 1e-9))
-                        if tb < best_t and not bad:
-                            best_t, best[stage] = tb, c
-                    except Exception as e:  # noqa: BLE001
-                        rows.append(dict(hd=hdim, causal=causal, S=seqlen, impl=f"ff-bwd-{stage}", cfg=c,
-                                         error=repr(e)[:200]))
-                    print(rows[-1], flush=True)
-                best.setdefault(stage, kv_default if stage == "kv" else q_default)
-            flash_bwd.backward_configs = default_bwd
+            for c in BWD[hdim]:
+                flash_bwd.backward_config = lambda *a, c=c: c
+                try:
+                    out = fn(qt, kt, vt)
+                    grads = torch.autograd.grad(out, (qt, kt, vt), dout_t, retain_graph=True)
+                    bad = any(not torch.isfinite(g).all() for g in grads)
+                    tb = do_bench(lambda: torch.autograd.grad(out, (qt, kt, vt), dout_t, retain_graph=True),
+                                  warmup=25, rep=100, return_mode="median")
+                    rows.append(dict(hd=hdim, causal=causal, S=seqlen, impl="ff-bwd", cfg=c, nonfinite=bad,
+                                     bwd=2.5 * fl / tb * 1e-9))
+                except Exception as e:  # noqa: BLE001
+                    rows.append(dict(hd=hdim, causal=causal, S=seqlen, impl="ff-bwd", cfg=c, error=repr(e)[:200]))
+                print(rows[-1], flush=True)
+            flash_bwd.backward_config = default_bwd
     if args.out:
         json.dump(rows, open(args.out, "w"), indent=1)
     print("\nsummary (TFLOP/s):")

@@ -97,7 +97,8 @@ def _dkdv_query_blocks(dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, 
 
 
 @triton.jit
-def _bwd_dkdv_kernel(
+def _dkdv_program(
+    i_n, i_b, i_hk,
     p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv, p_cu_seqlens_q, p_cu_seqlens_k, p_alibi, p_bias,
     p_rng,
     stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h,
@@ -105,16 +106,14 @@ def _bwd_dkdv_kernel(
     stride_dk_b, stride_dk_s, stride_dk_h, stride_dv_b, stride_dv_s, stride_dv_h,
     stride_lse_b, stride_lse_h, stride_alibi_b,
     stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
-    nheads_q, nheads_k, group, seqlen_q, seqlen_k, head_dim,
+    nheads_q, group, seqlen_q, seqlen_k, head_dim,
     sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
-    i_n, i_bhk = tl.program_id(0), tl.program_id(1)
-    i_b = i_bhk // nheads_k
-    i_hk = i_bhk % nheads_k
+    """dK, dV of key block i_n of kv head i_hk, summed over the query heads of its GQA group."""
     q_start, seqlen_q = seq_bounds(p_cu_seqlens_q, i_b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = seq_bounds(p_cu_seqlens_k, i_b, seqlen_k, IS_VARLEN)
     n0 = i_n * BLOCK_N
@@ -212,7 +211,8 @@ def _dq_key_blocks(dq, b_q, b_do, lse2, delta, k_base, v_base, start, end, o_m, 
 
 
 @triton.jit
-def _bwd_dq_kernel(
+def _dq_program(
+    i_m, i_b, i_h,
     p_q, p_k, p_v, p_do, p_lse, p_delta, p_dq, p_cu_seqlens_q, p_cu_seqlens_k, p_alibi, p_bias, p_rng,
     stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h,
     stride_v_b, stride_v_s, stride_v_h, stride_do_b, stride_do_s, stride_do_h,
@@ -226,11 +226,9 @@ def _bwd_dq_kernel(
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
-    i_m = tl.num_programs(0) - 1 - tl.program_id(0)           # heaviest (causal) blocks first
-    i_bh = tl.program_id(1)
-    i_b = i_bh // nheads_q
-    i_h = i_bh % nheads_q
+    """dQ of query block i_m of query head i_h."""
     i_hk = i_h // group
+    i_bh = i_b * nheads_q + i_h
     q_start, seqlen_q = seq_bounds(p_cu_seqlens_q, i_b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = seq_bounds(p_cu_seqlens_k, i_b, seqlen_k, IS_VARLEN)
     m0 = i_m * BLOCK_M
@@ -284,24 +282,79 @@ def _bwd_dq_kernel(
              mask=m_qd)
 
 
+@triton.jit
+def _flash_bwd_kernel(
+    p_q, p_k, p_v, p_do, p_lse, p_delta, p_dq, p_dk, p_dv, p_cu_seqlens_q, p_cu_seqlens_k, p_alibi,
+    p_bias, p_rng,
+    stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h,
+    stride_v_b, stride_v_s, stride_v_h, stride_do_b, stride_do_s, stride_do_h,
+    stride_dq_b, stride_dq_s, stride_dq_h, stride_dk_b, stride_dk_s, stride_dk_h,
+    stride_dv_b, stride_dv_s, stride_dv_h,
+    stride_lse_b, stride_lse_h, stride_alibi_b,
+    stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
+    nheads_q, nheads_k, group, seqlen_q, seqlen_k, head_dim, num_kv_blocks, num_q_blocks,
+    sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
+    IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
+    BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+):
+    """Programs [0, num_kv_blocks) of axis 0 compute dK/dV of one key block; the next
+    group * num_q_blocks compute dQ of one query block of one query head of the group. One grid for
+    both kinds lets them share the SMs (FlexAttention's layout): measured 394 vs 366 TFLOP/s for two
+    launches at hd128 on an H200 (benchmarks/NOTES.md)."""
+    pid = tl.program_id(0)
+    i_bhk = tl.program_id(1)
+    i_b = i_bhk // nheads_k
+    i_hk = i_bhk % nheads_k
+    if pid < num_kv_blocks:
+        _dkdv_program(
+            pid, i_b, i_hk, p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv, p_cu_seqlens_q,
+            p_cu_seqlens_k, p_alibi, p_bias, p_rng,
+            stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h,
+            stride_v_b, stride_v_s, stride_v_h, stride_do_b, stride_do_s, stride_do_h,
+            stride_dk_b, stride_dk_s, stride_dk_h, stride_dv_b, stride_dv_s, stride_dv_h,
+            stride_lse_b, stride_lse_h, stride_alibi_b,
+            stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
+            nheads_q, group, seqlen_q, seqlen_k, head_dim,
+            sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
+            IS_VARLEN, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
+            BLOCK_M1, BLOCK_N1, BLOCK_D, EVEN_D)
+    else:
+        j = pid - num_kv_blocks
+        i_m = num_q_blocks - 1 - j % num_q_blocks             # heaviest (causal) query blocks first
+        _dq_program(
+            i_m, i_b, i_hk * group + j // num_q_blocks, p_q, p_k, p_v, p_do, p_lse, p_delta, p_dq,
+            p_cu_seqlens_q, p_cu_seqlens_k, p_alibi, p_bias, p_rng,
+            stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h,
+            stride_v_b, stride_v_s, stride_v_h, stride_do_b, stride_do_s, stride_do_h,
+            stride_dq_b, stride_dq_s, stride_dq_h,
+            stride_lse_b, stride_lse_h, stride_alibi_b,
+            stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
+            nheads_q, group, seqlen_q, seqlen_k, head_dim,
+            sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
+            IS_VARLEN, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
+            BLOCK_M2, BLOCK_N2, BLOCK_D, EVEN_D)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Launcher
 # ----------------------------------------------------------------------------------------------------
 
-def backward_configs(head_dim_block: int, dtype: torch.dtype) -> tuple[dict, dict]:
-    """(dK/dV config, dQ config). dK/dV holds two [BLOCK_N, D] fp32 accumulators and streams queries;
-    dQ holds one [BLOCK_M, D] accumulator and streams keys (see benchmarks/NOTES.md)."""
+def backward_config(head_dim_block: int, dtype: torch.dtype) -> dict:
+    """Tiles of the two program kinds: dK/dV holds BLOCK_N1 keys (and two [BLOCK_N1, D] fp32
+    accumulators) and streams BLOCK_M1 queries; dQ holds BLOCK_M2 queries and streams BLOCK_N2 keys.
+    Chosen by timing on an H200 among configs screened for register spills (benchmarks/NOTES.md)."""
     if INTERPRET:
-        small = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
-        return small, small
+        return dict(BLOCK_M1=32, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=32, num_warps=4, num_stages=1)
+    if dtype == torch.float32:           # tf32x3 dots hold three operand copies: smaller tiles
+        return dict(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1)
     if head_dim_block <= 64:
-        return (dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
-                dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3))
+        return dict(BLOCK_M1=32, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, num_warps=4, num_stages=3)
     if head_dim_block <= 128:
-        return (dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
-                dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2))
-    return (dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=1),
-            dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1))
+        return dict(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=2)
+    return dict(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1)
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window_left: int = -1,
@@ -351,17 +404,13 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
                 rng_state if has_dropout else dummy)
     alibi_stride = alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0
     bias_strides = attn_bias.stride() if has_bias else (0, 0, 0, 0)
-    cfg_kv, cfg_q = backward_configs(block_d, q.dtype)
-
-    _bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg_kv["BLOCK_N"]), batch * nheads_k)](
-        q, k, v, dout, lse, delta, dk, dv, *optional,
-        *q_s, *k_s, *v_s, *do_s, *dk_s, *dv_s, *lse_strides, alibi_stride, *bias_strides,
-        nheads_q, nheads_k, nheads_q // nheads_k, seqlen_q, seqlen_k, head_dim, *scalars,
-        **common, **cfg_kv)
-    _bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg_q["BLOCK_M"]), batch * nheads_q)](
-        q, k, v, dout, lse, delta, dq, *optional,
-        *q_s, *k_s, *v_s, *do_s, *dq_s, *lse_strides, alibi_stride, *bias_strides,
-        nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, head_dim, *scalars,
-        **common, **cfg_q)
+    cfg = backward_config(block_d, q.dtype)
+    num_kv_blocks = triton.cdiv(seqlen_k, cfg["BLOCK_N1"])
+    num_q_blocks = triton.cdiv(seqlen_q, cfg["BLOCK_M2"])
+    group = nheads_q // nheads_k
+    _flash_bwd_kernel[(num_kv_blocks + group * num_q_blocks, batch * nheads_k)](
+        q, k, v, dout, lse, delta, dq, dk, dv, *optional,
+        *q_s, *k_s, *v_s, *do_s, *dq_s, *dk_s, *dv_s, *lse_strides, alibi_stride, *bias_strides,
+        nheads_q, nheads_k, group, seqlen_q, seqlen_k, head_dim, num_kv_blocks, num_q_blocks, *scalars,
+        **common, **cfg)
     return dq, dk, dv
-
