@@ -128,13 +128,15 @@ def _bench(args) -> int:
     start = time.perf_counter()
     env = environment(opts.device)
     ceilings = measure_ceilings(opts.device)
-    rows = run_suites(suites, opts, ceilings)
-    print_report(env, ceilings, suites, rows, detail=args.detail)
-
     os.makedirs(args.out, exist_ok=True)
     options = {"suites": [s.name for s in suites], "quick": args.quick, "dtype": args.dtype,
                "providers": args.providers, "only": args.only}
-    path = write_json(os.path.join(args.out, "results.json"), env, ceilings, suites, rows, options)
+    json_path = os.path.join(args.out, "results.json")
+    # Saved after every case too, so a run cut short (a time limit, a crash) keeps what it measured.
+    rows = run_suites(suites, opts, ceilings,
+                      on_case=lambda so_far: write_json(json_path, env, ceilings, suites, so_far, options))
+    print_report(env, ceilings, suites, rows, detail=args.detail)
+    path = write_json(json_path, env, ceilings, suites, rows, options)
     written = [path]
     if not args.no_plots:
         if importlib.util.find_spec("matplotlib") is None:

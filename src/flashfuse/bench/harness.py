@@ -386,7 +386,8 @@ class Runner:
             cases = [c for c in cases if pattern.search(c.name)]
         return cases, providers
 
-    def run(self, suite: Suite, progress=None) -> list[Row]:
+    def run(self, suite: Suite, progress=None, on_case=None) -> list[Row]:
+        """Rows of every (case, provider); ``on_case(rows_so_far)`` after each case (partial saves)."""
         cases, providers = self.select(suite)
         rows = []
         for case in cases:
@@ -410,6 +411,8 @@ class Runner:
             _free_memory(self.opts.gpu)
             self._relative(suite, case_rows)
             rows += case_rows
+            if on_case is not None:
+                on_case(rows)
         return rows
 
     def _inputs(self, suite: Suite, case: Case) -> tuple:
@@ -586,14 +589,17 @@ def progress_bar(total: int, enabled: bool = True):
     return tqdm(total=total, unit="row", disable=None, leave=False, dynamic_ncols=True)
 
 
-def run_suites(suites: list[Suite], opts: Options, ceilings: dict) -> list[Row]:
-    """Every suite's rows, in order, under one progress bar."""
+def run_suites(suites: list[Suite], opts: Options, ceilings: dict, on_case=None) -> list[Row]:
+    """Every suite's rows, in order, under one progress bar; ``on_case(all rows so far)`` after each case."""
     runner = Runner(opts, ceilings)
     selected = [runner.select(s) for s in suites]
     total = sum(1 for cases, provs in selected for c in cases for p in provs
                 if c.providers is None or p.name in c.providers)
     bar = progress_bar(total, opts.progress)
+    done: list[Row] = []
     try:
-        return [row for suite in suites for row in runner.run(suite, bar)]
+        for suite in suites:
+            done += runner.run(suite, bar, None if on_case is None else (lambda rows: on_case(done + rows)))
+        return done
     finally:
         bar.close()

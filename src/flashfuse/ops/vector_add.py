@@ -91,8 +91,10 @@ def vector_add_triton(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> to
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def _cuda_unavailable_reason() -> str | None:
-    """Why backend="cuda" cannot run here, or None when it can."""
+    """Why backend="cuda" cannot run here, or None when it can. Cached: the ninja check runs a
+    subprocess, which cost ~1 ms per call before it was cached (seen on an H200)."""
     fallback = ("backend='triton' runs everywhere: compiled on a GPU, in Triton's interpreter on the CPU "
                 "(TRITON_INTERPRET=1, which flashfuse sets when there is no GPU)")
     if not torch.cuda.is_available():

@@ -19,6 +19,8 @@ unmasked, ``[full_hi, hi)`` masked, so the steady-state loop carries no masking 
 import triton
 import triton.language as tl
 
+from .._triton import tanh
+
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 
@@ -98,8 +100,7 @@ def score_mod(qk, rows, cols, seqlen_q, seqlen_k, window_left, window_right, qk_
     1 - tanh^2), else s2 again (unused).
     """
     if HAS_SOFTCAP:
-        # tanh(x) = 1 - 2 / (exp(2x) + 1): stable at both ends (exp2 -> inf gives 1, -> 0 gives -1).
-        t = 1.0 - 2.0 / (tl.exp2(qk * (2.0 * LOG2E * softcap_scale)) + 1.0)
+        t = tanh(qk * softcap_scale)
         s2 = t * softcap_log2
     else:
         s2 = qk * qk_scale

@@ -155,7 +155,7 @@ def _flash_fwd_kernel(
 # Launcher
 # ----------------------------------------------------------------------------------------------------
 
-def forward_config(head_dim_block: int, dtype: torch.dtype, windowed: bool) -> dict:
+def forward_config(head_dim_block: int, dtype: torch.dtype, windowed: bool, has_bias: bool) -> dict:
     """Tile sizes, warps and pipeline depth (Hopper; see benchmarks/NOTES.md for how they were picked).
 
     The interpreter runs numpy per tile, so it gets small 32 x 32 tiles: fast, and several blocks per
@@ -170,7 +170,8 @@ def forward_config(head_dim_block: int, dtype: torch.dtype, windowed: bool) -> d
     if head_dim_block <= 64:             # H200 S=8192: 414 TFLOP/s (128x64 with 4 warps: 395)
         return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
     if head_dim_block <= 128:            # H200 S=8192: 128x128 511 / 448 causal, 128x64 487 / 469 causal
-        return dict(BLOCK_M=128, BLOCK_N=64 if windowed else 128, num_warps=8, num_stages=3)
+        # A bias tile pipelined beside K and V: 128 x 128 tiles would need 288 KB of shared memory.
+        return dict(BLOCK_M=128, BLOCK_N=64 if windowed or has_bias else 128, num_warps=8, num_stages=3)
     # D = 256: a [128, 256] fp32 accumulator spills; 64 x 32 tiles spill 336 bytes, 32 x 32 none.
     return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
 
@@ -216,7 +217,7 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
     has_dropout = dropout_p > 0.0
     has_softcap = softcap > 0.0
     block_d = head_dim_block(head_dim)
-    cfg = forward_config(block_d, q.dtype, windowed=window_left >= 0 or window_right >= 0)
+    cfg = forward_config(block_d, q.dtype, windowed=window_left >= 0 or window_right >= 0, has_bias=has_bias)
     dummy = out  # stands in for absent optional tensors; never read (their HAS_ flags are off)
     grid = (triton.cdiv(seqlen_q, cfg["BLOCK_M"]), batch * nheads_q)
     _flash_fwd_kernel[grid](
