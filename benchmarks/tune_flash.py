@@ -2,8 +2,7 @@
 
     python benchmarks/tune_flash.py [--seqlen 8192] [--hdims 64,128] [--out results.json]
 
-Forward and backward configs are swept whole (the backward's dK/dV and dQ tiles together, fused into
-one grid or as two launches). Every config is checked against SDPA before it is timed.
+Forward and backward configs are swept whole (the backward's dK/dV and dQ tiles together). Every config is checked against SDPA before it is timed.
 Used to choose the tables in flash_fwd.forward_config / flash_bwd.backward_configs (benchmarks/NOTES.md).
 """
 
@@ -31,20 +30,14 @@ FWD = {
     128: [cfg(128, 64, 8, 3), cfg(128, 128, 8, 3), cfg(128, 128, 8, 2), cfg(64, 64, 4, 3), cfg(128, 64, 8, 2),
           cfg(128, 32, 4, 3)],
 }
-def bcfg(m1, n1, m2, n2, w, st, fused, wq=None, sq=None):
-    c = dict(BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2, FUSED=fused, num_warps=w, num_stages=st)
-    if not fused:
-        c.update(num_warps_q=wq, num_stages_q=sq)
-    return c
+def bcfg(m1, n1, m2, n2, w, st):
+    return dict(BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2, num_warps=w, num_stages=st)
 
 
-# (dK/dV tiles, dQ tiles): two launches with each kind's best config from the first sweep, against
-# one fused grid (shared num_warps / num_stages) as FlexAttention does.
+# (dK/dV tiles, dQ tiles) of the fused backward grid; first of each list is the shipped default.
 BWD = {
-    64: [bcfg(32, 64, 128, 64, 4, 3, False, 8, 2), bcfg(64, 128, 128, 64, 8, 2, True),
-         bcfg(32, 128, 128, 64, 8, 2, True), bcfg(32, 64, 64, 64, 4, 3, True), bcfg(64, 128, 128, 32, 8, 3, True)],
-    128: [bcfg(32, 64, 128, 64, 4, 3, False, 8, 2), bcfg(64, 128, 128, 64, 8, 2, True),
-          bcfg(32, 128, 128, 64, 8, 2, True), bcfg(32, 64, 64, 64, 4, 3, True), bcfg(64, 128, 128, 32, 8, 3, True)],
+    64: [bcfg(32, 64, 64, 64, 4, 3), bcfg(64, 128, 128, 64, 8, 2), bcfg(64, 128, 128, 32, 8, 3)],
+    128: [bcfg(64, 128, 128, 64, 8, 2), bcfg(64, 128, 128, 32, 8, 3), bcfg(32, 128, 128, 64, 8, 2)],
 }
 
 
