@@ -69,6 +69,11 @@ FLASH_CASES = [
                  id="alibi-window-softcap-gqa-fp16-d96"),
     pytest.param(1, 17, 77, 2, 1, 64, BF16, {"window_size": (20, 4)}, True, id="window-mqa-bf16-d64"),
     pytest.param(2, 131, 17, 2, 2, 40, BF16, {}, False, id="mha-bf16-d40"),
+    # Head dims that need padding inside the kernel, and the ends of 1..256.
+    pytest.param(1, 37, 113, 2, 2, 59, F16, {"causal": True}, True, id="causal-fp16-d59"),
+    pytest.param(1, 113, 37, 2, 1, 111, F32, {"window_size": (10, 10)}, False, id="window-mqa-fp32-d111"),
+    pytest.param(1, 17, 17, 2, 2, 1, F32, {"window_size": (0, 0)}, True, id="diagonal-window-fp32-d1"),
+    pytest.param(1, 17, 37, 2, 1, 256, F16, {"softcap": 2.0, "alibi": "h"}, False, id="softcap-alibi-mqa-fp16-d256"),
 ]
 
 
@@ -231,6 +236,43 @@ def test_strided_inputs(device, layout):
     def ref_fn(**tensors):
         return flash_ref(*views(**tensors), **opts)
     check_attention(ref_fn, inputs, out)
+
+
+@pytest.mark.parametrize("kind", ["transposed", "expanded"])
+def test_noncontiguous_dout(device, kind):
+    """The gradient of the output arrives with odd strides: transposed memory, or stride 0 everywhere
+    (the gradient of out.sum())."""
+    q, k, v = rand_qkv(2, 17, 37, 2, 2, 40, dtype=F16, device=device)
+    out = flash_attn_func(q, k, v, causal=True)
+    if kind == "transposed":
+        dout = torch.randn(2, 2, 17, 40, device=device).to(F16).transpose(1, 2)
+    else:
+        dout = torch.ones((), device=device, dtype=F16).expand(out.shape)
+    assert not dout.is_contiguous()
+    check_attention(partial(flash_ref, causal=True), {"q": q, "k": k, "v": v}, out, dout=dout)
+
+
+def test_expanded_batch_kv(device):
+    """k, v shared by every batch entry through expand() (batch stride 0); their gradients sum over the batch."""
+    q = rand(3, 17, 4, 64, dtype=F32, device=device)
+    k0 = rand(1, 37, 2, 64, dtype=F32, device=device)
+    v0 = rand(1, 37, 2, 64, dtype=F32, device=device)
+    out = flash_attn_func(q, k0.expand(3, -1, -1, -1), v0.expand(3, -1, -1, -1), window_size=(-1, 8))
+
+    def ref_fn(q, k0, v0):
+        return flash_ref(q, k0.expand(3, -1, -1, -1), v0.expand(3, -1, -1, -1), window_size=(-1, 8))
+    check_attention(ref_fn, {"q": q, "k0": k0, "v0": v0}, out)
+
+
+def test_grad_for_some_inputs(device):
+    """Only q requires grad (k, v frozen): dq is right; and under no_grad the forward alone is right."""
+    q = rand(1, 37, 2, 16, dtype=F16, device=device)
+    k, v = (rand(1, 17, 2, 16, dtype=F16, device=device, requires_grad=False) for _ in range(2))
+    out = flash_attn_func(q, k, v, softcap=3.0)
+    check_attention(lambda q: flash_ref(q, k, v, softcap=3.0), {"q": q}, out)
+    with torch.no_grad():
+        again = flash_attn_func(q, k, v, softcap=3.0)
+    assert not again.requires_grad and torch.equal(again, out.detach())
 
 
 # ----------------------------------------------------------------------------------------------------
