@@ -61,15 +61,21 @@ def test_cuda_backend_unavailable_messages(monkeypatch, device):
     """Without a GPU (forced here on any machine) or without nvcc, backend='cuda' says why and points to
     the Triton backend, which runs in the interpreter."""
     a = torch.randn(8, device=device)
+    # The reason is cached per process (the ninja check runs a subprocess): clear it around each patch.
+    va._cuda_unavailable_reason.cache_clear()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(RuntimeError, match=r"needs a CUDA GPU; torch sees none.*backend='triton' runs everywhere"):
-        vector_add(a, a, backend="cuda")
-    from torch.utils import cpp_extension
+    try:
+        with pytest.raises(RuntimeError, match=r"needs a CUDA GPU; torch sees none.*backend='triton' runs everywhere"):
+            vector_add(a, a, backend="cuda")
+        from torch.utils import cpp_extension
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
-    with pytest.raises(RuntimeError, match=r"needs nvcc.*interpreter"):
-        vector_add(a, a, backend="cuda")
+        va._cuda_unavailable_reason.cache_clear()
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+        with pytest.raises(RuntimeError, match=r"needs nvcc.*interpreter"):
+            vector_add(a, a, backend="cuda")
+    finally:
+        va._cuda_unavailable_reason.cache_clear()
 
 
 def test_cuda_backend_on_this_machine(device):
