@@ -14,7 +14,3 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-
-def kernel_device_ok(t: torch.Tensor) -> bool:
-    """Kernels run on CUDA tensors when compiled, and on CPU tensors in the interpreter."""
-    return t.device.type == "cuda" or (INTERPRET and t.device.type == "cpu")
