@@ -3,7 +3,7 @@
     python benchmarks/tune_flash.py [--seqlen 8192] [--hdims 64,128] [--out results.json]
 
 Forward and backward configs are swept whole (the backward's dK/dV and dQ tiles together). Every config is checked against SDPA before it is timed.
-Used to choose the tables in flash_fwd.forward_config / flash_bwd.backward_configs (benchmarks/NOTES.md).
+Used to choose the tables in flash_fwd.forward_config / flash_bwd.backward_config (benchmarks/NOTES.md).
 """
 
 import argparse

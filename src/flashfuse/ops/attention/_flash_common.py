@@ -16,6 +16,9 @@ the few boundary blocks do. Kernels walk three phases, ``[lo, full_lo)`` masked,
 unmasked, ``[full_hi, hi)`` masked, so the steady-state loop carries no masking work.
 """
 
+import math
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
 
@@ -121,3 +124,38 @@ def score_mod(qk, rows, cols, seqlen_q, seqlen_k, window_left, window_right, qk_
             visible &= cols <= rows + off + window_right
         s2 = tl.where(visible, s2, float("-inf"))
     return s2, t
+
+
+# ----------------------------------------------------------------------------------------------------
+# Host side: the arguments every FlashAttention kernel takes beyond its tensors' strides
+# ----------------------------------------------------------------------------------------------------
+
+class KernelOptions(NamedTuple):
+    """Launch arguments shared by the forward and backward kernels, in their parameter order."""
+    pointers: tuple       # cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias, rng_state (or a dummy)
+    strides: tuple        # stride_alibi_b, stride_bias_b/h/m/n
+    scalars: tuple        # qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p
+    flags: dict           # the HAS_/IS_ constexprs, BLOCK_D and EVEN_D
+
+
+def kernel_options(*, head_dim, block_d, softmax_scale, window_left, window_right, bottom_right, softcap,
+                   alibi_slopes, attn_bias, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, dummy):
+    """Absent optional tensors become ``dummy`` (never read: their HAS_ flag is off); scalars are
+    pre-folded into the log2 domain the kernels work in."""
+    is_varlen = cu_seqlens_q is not None
+    has_alibi, has_bias = alibi_slopes is not None, attn_bias is not None
+    has_dropout, has_softcap = dropout_p > 0.0, softcap > 0.0
+    log2e = math.log2(math.e)
+    return KernelOptions(
+        pointers=(cu_seqlens_q if is_varlen else dummy, cu_seqlens_k if is_varlen else dummy,
+                  alibi_slopes if has_alibi else dummy, attn_bias if has_bias else dummy,
+                  rng_state if has_dropout else dummy),
+        strides=(alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0,
+                 *(attn_bias.stride() if has_bias else (0, 0, 0, 0))),
+        scalars=(softmax_scale * log2e, (softmax_scale / softcap) if has_softcap else 0.0, softcap * log2e,
+                 window_left, window_right, float(dropout_p)),
+        flags=dict(IS_VARLEN=is_varlen, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
+                   BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=has_softcap, HAS_ALIBI=has_alibi,
+                   HAS_BIAS=has_bias, HAS_DROPOUT=has_dropout, BLOCK_D=block_d,
+                   EVEN_D=block_d == head_dim),
+    )

@@ -9,19 +9,18 @@ With P = exp(S - lse) (dropout: P~ = P * keep / (1 - p), O = P~ V) and dO given:
     dX    = dS * scale   (softcap: dS * scale * (1 - tanh^2))   X = Q K^T, the raw dot products
     dQ    = dX K,   dK = dX^T Q
 
-Two kernels, no atomics, so gradients are bit-identical run to run:
-- ``_bwd_dkdv_kernel``: one program per key block and *kv* head. It walks the query blocks that see its
-  keys, for every query head of its GQA group, accumulating dK and dV in registers: the reduction over
-  the group happens in a fixed order inside one program.
-- ``_bwd_dq_kernel``: one program per query block and query head, walking its key blocks like the
-  forward does.
+After the delta preprocess, one grid (``_flash_bwd_kernel``) holds two kinds of program, no atomics,
+so gradients are bit-identical run to run:
+- ``_dkdv_program``: one key block of one *kv* head. It walks the query blocks that see its keys, for
+  every query head of its GQA group, accumulating dK and dV in registers: the reduction over the group
+  happens in a fixed order inside one program.
+- ``_dq_program``: one query block of one query head, walking its key blocks like the forward does.
 Both recompute S = Q K^T and dP~ = dO V^T (7 matrix products where an atomic dQ would need 5); that
 is the price of determinism and of no fp32 dQ buffer.
 """
 
 from __future__ import annotations
 
-import math
 
 import torch
 import triton
@@ -29,7 +28,7 @@ import triton.language as tl
 
 from ..._env import INTERPRET
 from .._triton import dot
-from ._flash_common import LOG2E, key_block_phases, query_block_phases, score_mod, seq_bounds
+from ._flash_common import LOG2E, kernel_options, key_block_phases, query_block_phases, score_mod, seq_bounds
 from .dropout import dropout_keep
 from .flash_fwd import head_dim_block
 
@@ -361,7 +360,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
                         window_right: int = -1, bottom_right: bool = True, softcap: float = 0.0,
                         alibi_slopes=None, attn_bias=None, dropout_p: float = 0.0, rng_state=None,
                         cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0, max_seqlen_k: int = 0):
-    """Launch the backward kernels; same arguments as flash_attn_forward plus dout, out and lse.
+    """Launch the preprocess and the fused backward kernel; same arguments as flash_attn_forward plus
+    dout, out and lse.
     Returns (dq, dk, dv), contiguous, shaped like q, k, v."""
     is_varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
@@ -386,31 +386,21 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     delta = torch.empty_like(lse)
     pre_block = 64
     _bwd_preprocess_kernel[(triton.cdiv(seqlen_q, pre_block), batch * nheads_q)](
-        out, dout, delta, cu_seqlens_q if is_varlen else delta, *o_s, *do_s, *lse_strides, nheads_q, seqlen_q, head_dim,
-        IS_VARLEN=is_varlen, BLOCK_M=pre_block, BLOCK_D=block_d)
+        out, dout, delta, cu_seqlens_q if is_varlen else delta, *o_s, *do_s, *lse_strides, nheads_q,
+        seqlen_q, head_dim, IS_VARLEN=is_varlen, BLOCK_M=pre_block, BLOCK_D=block_d)
 
-    has_alibi, has_bias = alibi_slopes is not None, attn_bias is not None
-    has_dropout, has_softcap = dropout_p > 0.0, softcap > 0.0
-    dummy = dq
-    common = dict(
-        IS_VARLEN=is_varlen, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
-        BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=has_softcap, HAS_ALIBI=has_alibi, HAS_BIAS=has_bias,
-        HAS_DROPOUT=has_dropout, BLOCK_D=block_d, EVEN_D=block_d == head_dim)
-    scalars = (softmax_scale, softmax_scale * math.log2(math.e),
-               (softmax_scale / softcap) if has_softcap else 0.0, softcap * math.log2(math.e),
-               window_left, window_right, float(dropout_p))
-    optional = (cu_seqlens_q if is_varlen else dummy, cu_seqlens_k if is_varlen else dummy,
-                alibi_slopes if has_alibi else dummy, attn_bias if has_bias else dummy,
-                rng_state if has_dropout else dummy)
-    alibi_stride = alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0
-    bias_strides = attn_bias.stride() if has_bias else (0, 0, 0, 0)
+    opts = kernel_options(head_dim=head_dim, block_d=block_d, softmax_scale=softmax_scale,
+                          window_left=window_left, window_right=window_right, bottom_right=bottom_right,
+                          softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
+                          dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
+                          cu_seqlens_k=cu_seqlens_k, dummy=dq)
     cfg = backward_config(block_d, q.dtype)
     num_kv_blocks = triton.cdiv(seqlen_k, cfg["BLOCK_N1"])
     num_q_blocks = triton.cdiv(seqlen_q, cfg["BLOCK_M2"])
     group = nheads_q // nheads_k
     _flash_bwd_kernel[(num_kv_blocks + group * num_q_blocks, batch * nheads_k)](
-        q, k, v, dout, lse, delta, dq, dk, dv, *optional,
-        *q_s, *k_s, *v_s, *do_s, *dq_s, *dk_s, *dv_s, *lse_strides, alibi_stride, *bias_strides,
-        nheads_q, nheads_k, group, seqlen_q, seqlen_k, head_dim, num_kv_blocks, num_q_blocks, *scalars,
-        **common, **cfg)
+        q, k, v, dout, lse, delta, dq, dk, dv, *opts.pointers,
+        *q_s, *k_s, *v_s, *do_s, *dq_s, *dk_s, *dv_s, *lse_strides, *opts.strides,
+        nheads_q, nheads_k, group, seqlen_q, seqlen_k, head_dim, num_kv_blocks, num_q_blocks,
+        softmax_scale, *opts.scalars, **opts.flags, **cfg)
     return dq, dk, dv

@@ -18,7 +18,6 @@ the backward's exp(s - lse) is 0 for them.
 
 from __future__ import annotations
 
-import math
 
 import torch
 import triton
@@ -26,7 +25,7 @@ import triton.language as tl
 
 from ..._env import INTERPRET
 from .._triton import dot
-from ._flash_common import LOG2E, key_block_phases, score_mod, seq_bounds
+from ._flash_common import LOG2E, kernel_options, key_block_phases, score_mod, seq_bounds
 from .dropout import dropout_keep
 
 
@@ -212,27 +211,19 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
     if out.numel() == 0 or seqlen_q == 0:
         return out, lse.fill_(float("inf"))
 
-    has_alibi = alibi_slopes is not None
-    has_bias = attn_bias is not None
-    has_dropout = dropout_p > 0.0
-    has_softcap = softcap > 0.0
     block_d = head_dim_block(head_dim)
-    cfg = forward_config(block_d, q.dtype, windowed=window_left >= 0 or window_right >= 0, has_bias=has_bias)
-    dummy = out  # stands in for absent optional tensors; never read (their HAS_ flags are off)
+    opts = kernel_options(head_dim=head_dim, block_d=block_d, softmax_scale=softmax_scale,
+                          window_left=window_left, window_right=window_right, bottom_right=bottom_right,
+                          softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
+                          dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
+                          cu_seqlens_k=cu_seqlens_k, dummy=out)
+    cfg = forward_config(block_d, q.dtype, windowed=window_left >= 0 or window_right >= 0,
+                         has_bias=attn_bias is not None)
     grid = (triton.cdiv(seqlen_q, cfg["BLOCK_M"]), batch * nheads_q)
     _flash_fwd_kernel[grid](
-        q, k, v, out, lse,
-        cu_seqlens_q if is_varlen else dummy, cu_seqlens_k if is_varlen else dummy,
-        alibi_slopes if has_alibi else dummy, attn_bias if has_bias else dummy,
-        rng_state if has_dropout else dummy,
-        *q_strides[:3], *k_strides[:3], *v_strides[:3], *o_strides[:3], *lse_strides,
-        (alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0),
-        *(attn_bias.stride() if has_bias else (0, 0, 0, 0)),
-        nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, head_dim,
-        softmax_scale * math.log2(math.e), (softmax_scale / softcap) if has_softcap else 0.0,
-        softcap * math.log2(math.e), window_left, window_right, float(dropout_p),
-        IS_VARLEN=is_varlen, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
-        BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=has_softcap, HAS_ALIBI=has_alibi, HAS_BIAS=has_bias,
-        HAS_DROPOUT=has_dropout, BLOCK_D=block_d, EVEN_D=block_d == head_dim, **cfg,
+        q, k, v, out, lse, *opts.pointers,
+        *q_strides[:3], *k_strides[:3], *v_strides[:3], *o_strides[:3], *lse_strides, *opts.strides,
+        nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, head_dim, *opts.scalars,
+        **opts.flags, **cfg,
     )
     return out, lse
