@@ -67,13 +67,18 @@ def _dkdv_query_blocks(dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, 
     (tiles are [BLOCK_N keys, BLOCK_M queries]) so no tile needs a transpose before its product."""
     for start_m in range(start, end, BLOCK_M):
         o_m = start_m + tl.arange(0, BLOCK_M)
-        m_rows = o_m < seqlen_q
-        m_qd = m_rows[:, None] & m_d[None, :]
-        b_q = tl.load(q_base + o_m[:, None] * stride_q_s + o_d[None, :], mask=m_qd, other=0.0)  # [M, D]
-        b_do = tl.load(do_base + o_m[:, None] * stride_do_s + o_d[None, :], mask=m_qd, other=0.0)
-        # Rows past seqlen_q get lse = +inf, hence P = 0: they add nothing.
-        lse2 = tl.load(lse_base + o_m, mask=m_rows, other=float("inf")) * LOG2E               # [M]
-        delta = tl.load(delta_base + o_m, mask=m_rows, other=0.0)                             # [M]
+        if MASKED:
+            m_rows = o_m < seqlen_q
+            m_qd = m_rows[:, None] & m_d[None, :]
+            b_q = tl.load(q_base + o_m[:, None] * stride_q_s + o_d[None, :], mask=m_qd, other=0.0)
+            b_do = tl.load(do_base + o_m[:, None] * stride_do_s + o_d[None, :], mask=m_qd, other=0.0)
+            lse2 = tl.load(lse_base + o_m, mask=m_rows, other=float("inf")) * LOG2E
+            delta = tl.load(delta_base + o_m, mask=m_rows, other=0.0)
+        else:
+            b_q = tl.load(q_base + o_m[:, None] * stride_q_s + o_d[None, :], mask=m_d[None, :], other=0.0)
+            b_do = tl.load(do_base + o_m[:, None] * stride_do_s + o_d[None, :], mask=m_d[None, :], other=0.0)
+            lse2 = tl.load(lse_base + o_m) * LOG2E
+            delta = tl.load(delta_base + o_m)
         qk_t = dot(b_k, tl.trans(b_q), tl.zeros([b_k.shape[0], BLOCK_M], dtype=tl.float32))  # [N, M]
         s2_t, tanh_t = score_mod(qk_t, o_m[None, :], o_n[:, None], seqlen_q, seqlen_k, window_left,
                                  window_right, qk_scale, softcap_scale, softcap_log2, alibi_slope_log2,
