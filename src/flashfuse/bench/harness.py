@@ -149,6 +149,7 @@ class Suite:
     baseline: str | None = None          # provider that speedups are measured against
     metric = "tflops"                    # the table's main number: "tflops", "gbps" or "ms"
     plots: tuple = ()                    # plots.Plot entries, one PNG each
+    rep_ms = 100                         # do_bench's time budget; calls of ~100 ms need more for a median
 
     def cases(self, opts: Options) -> list[Case]:
         raise NotImplementedError
@@ -199,11 +200,11 @@ def elementwise_bytes(numel: int, elem_size: int, n_inputs: int, n_outputs: int 
 # Timing and ceilings
 # ----------------------------------------------------------------------------------------------------
 
-def bench_ms(fn, gpu: bool, cpu_calls: int = CPU_TIMED_CALLS) -> float:
+def bench_ms(fn, gpu: bool, cpu_calls: int = CPU_TIMED_CALLS, rep_ms: int = 100) -> float:
     """Median milliseconds of one call: do_bench with CUDA events on the GPU; wall clock on the CPU."""
     if gpu:
         import triton.testing
-        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
     times = []
     for _ in range(cpu_calls):
         start = time.perf_counter()
@@ -402,7 +403,8 @@ class Runner:
                 if row.status == "":
                     if inputs is None:     # the checked inputs when the check ran on the case itself
                         inputs = self._ref[0] if self._ref_key == case.key() else self._inputs(suite, case)
-                    self._measure(case, prov, inputs, row, checked=row.check_params is None)
+                    self._measure(case, prov, inputs, row, checked=row.check_params is None,
+                                  rep_ms=suite.rep_ms)
                 row.wall_s = time.perf_counter() - start
                 case_rows.append(row)
                 if progress is not None:
@@ -504,7 +506,7 @@ class Runner:
             _free_memory(self.opts.gpu)
         return status, message, (err if err is not None and math.isfinite(err) else None), tol
 
-    def _measure(self, case: Case, prov: Provider, inputs, row: Row, checked: bool) -> None:
+    def _measure(self, case: Case, prov: Provider, inputs, row: Row, checked: bool, rep_ms: int = 100) -> None:
         """Full-size run: peak memory and finite outputs from one untimed call, then the timing.
         On the CPU, when the check ran on this very case (``checked``), its call stands for the untimed
         one: there is no peak memory to read, and the interpreter is slow."""
@@ -528,7 +530,7 @@ class Runner:
             if not finite:
                 status, message = "WRONG", "non-finite values (NaN/inf) in the full-size run"
             else:
-                row.ms = bench_ms(_timed(call, case.mode, pdouts), gpu)
+                row.ms = bench_ms(_timed(call, case.mode, pdouts), gpu, rep_ms=rep_ms)
                 status = "OK"
         except Skip as exc:
             status, message = "SKIP", str(exc)

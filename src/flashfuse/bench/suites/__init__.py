@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from ..harness import Suite
 from .attention import Attention
+from .llm import LLM
+from .models import Models
 from .vector_add import VectorAdd
 
-SUITES: dict[str, type[Suite]] = {cls.name: cls for cls in (VectorAdd, Attention)}
+SUITES: dict[str, type[Suite]] = {cls.name: cls for cls in (VectorAdd, Attention, LLM, Models)}
 
 
 def get_suite(name: str) -> Suite:

@@ -1,0 +1,158 @@
+"""``models``: whole Hugging Face models, eager and compiled, with and without ``patch_transformers``.
+
+A Llama-3.2-1B-shaped model (random init from a config, nothing downloaded; bf16 weights, sdpa attention as
+HF's default) in two modes:
+
+- ``train``: one training step (zero_grad, forward with labels, backward, AdamW step), sequence 2048;
+- ``prefill``: the forward of a prompt without labels (all logits), as generation's first call.
+
+Providers: ``hf-eager`` (the baseline), ``hf-compile`` (``torch.compile(model)``), ``flashfuse``
+(``patch_transformers(model)``: norms, RoPE, MLP, attention, fused linear cross entropy) and
+``flashfuse-compile`` (patched, then compiled). Each provider builds its own model from the same seed, so
+every row starts from the same weights; the correctness check compares the first step's loss (train) or the
+logits (prefill) with the fp32 model's. The model is built inside the first (untimed) call, so the peak
+memory of a row is the whole step's: weights, gradients, optimizer state and activations. Tokens/s is
+``params["tokens"] / ms`` (``benchmarks/summarize.py`` prints it). FLOPs: 6 x parameters x tokens for a
+training step (2 x for prefill) plus the attention matmuls (causal: half of 4 B S^2 D H per layer forward).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..harness import Case, Provider, Suite, dtype_name
+
+# Llama-3.2-1B (meta-llama/Llama-3.2-1B config.json), without the llama3 rope scaling (it changes no cost).
+LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=64, vocab_size=128256, rope_theta=500000.0,
+                rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=131072)
+# The same family at test size for the CPU run (the interpreter is slow: 2 tiny layers).
+LLAMA_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, vocab_size=256, rope_theta=500000.0, rms_norm_eps=1e-5,
+                  tie_word_embeddings=True, max_position_embeddings=512)
+# Batch 8 x 2048 tokens: HF eager with sdpa fits it on an H200 (the anchor's B4 took 32 GiB there);
+# --quick halves it.
+GPU_BATCH, GPU_QUICK_BATCH, SEQLEN = 8, 4, 2048
+CPU_BATCH, CPU_SEQLEN = 2, 16
+SIZES = {"llama-3.2-1b": LLAMA_1B, "llama-tiny": LLAMA_TINY}
+LR = 1e-4
+
+
+def _config(size: dict):
+    from transformers import LlamaConfig
+    return LlamaConfig(**size, attn_implementation="sdpa")
+
+
+def _n_params(size: dict) -> int:
+    h, i, layers, v = size["hidden_size"], size["intermediate_size"], size["num_hidden_layers"], size["vocab_size"]
+    kv = size["num_key_value_heads"] * size["head_dim"]
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+    return layers * per_layer + v * h + h            # tied embeddings: the lm_head is the embedding
+
+
+def _flops(size: dict, batch: int, seqlen: int, mode: str) -> float:
+    tokens = batch * seqlen
+    dense = 2.0 * _n_params(size) * tokens
+    attn = 4.0 * batch * seqlen * seqlen * size["head_dim"] * size["num_attention_heads"] * 0.5
+    fwd = dense + attn * size["num_hidden_layers"]
+    return fwd * (3 if mode == "train" else 1)
+
+
+def _build(size: dict, dtype: torch.dtype, device: str, patch: bool):
+    """The model from seed 0 (built in fp32, then cast: every provider starts from the same weights)."""
+    from transformers import LlamaForCausalLM
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(_config(size))
+    model = model.to(dtype)
+    if patch:
+        from flashfuse.integrations import patch_transformers
+        patch_transformers(model)
+    return model
+
+
+def _provider(patch: bool, compile: bool):
+    def factory(case: Case, input_ids):
+        p = case.params
+        dtype, device = case.dtype, input_ids.device.type
+        state: dict = {}
+
+        def setup():
+            model = _build(SIZES[p["model"]], dtype, device, patch)
+            state["model"] = model
+            state["forward"] = torch.compile(model) if compile else model
+            if p["mode"] == "train":
+                state["opt"] = torch.optim.AdamW(model.parameters(), lr=LR)
+
+        def train_step():
+            if not state:
+                setup()
+            with torch.enable_grad():
+                state["opt"].zero_grad(set_to_none=True)
+                loss = state["forward"](input_ids=input_ids, labels=input_ids).loss
+                loss.backward()
+            state["opt"].step()
+            return loss.detach().float()
+
+        def prefill():
+            if not state:
+                setup()
+            with torch.no_grad():
+                return state["forward"](input_ids=input_ids).logits
+
+        return train_step if p["mode"] == "train" else prefill
+    return factory
+
+
+class Models(Suite):
+    name = "models"
+    description = ("Llama-3.2-1B-shaped HF model: training step and prefill, eager / torch.compile, with and "
+                   "without patch_transformers")
+    baseline = "hf-eager"
+    metric = "ms"
+    plots = ()
+    rep_ms = 2000          # a training step takes ~0.2-0.4 s: do_bench's 100 ms would time a single one
+
+    def providers(self, opts):
+        return [
+            Provider("flashfuse", _provider(True, False), kind="flashfuse",
+                     description="patch_transformers(model), eager"),
+            Provider("flashfuse-compile", _provider(True, True), kind="flashfuse", needs_cuda=True,
+                     description="patch_transformers(model), then torch.compile(model)"),
+            Provider("hf-eager", _provider(False, False), kind="baseline", description="HF eager, sdpa attention"),
+            Provider("hf-compile", _provider(False, True), needs_cuda=True,
+                     description="torch.compile(model), sdpa attention"),
+        ]
+
+    def cases(self, opts):
+        if opts.gpu:
+            model, batch, seqlen = "llama-3.2-1b", (GPU_QUICK_BATCH if opts.quick else GPU_BATCH), SEQLEN
+        else:
+            model, batch, seqlen = "llama-tiny", CPU_BATCH, CPU_SEQLEN
+        size = SIZES[model]
+        cases = []
+        for dtype in opts.dtypes or (torch.bfloat16,):
+            for mode in ("train", "prefill"):
+                tokens = batch * seqlen
+                cases.append(Case(
+                    name=f"{model} {mode} B{batch} S{seqlen} {dtype_name(dtype)}",
+                    params=dict(model=model, mode=mode, B=batch, S=seqlen, tokens=tokens),
+                    dtype=dtype, mode="fwd", flops=_flops(size, batch, seqlen, mode),
+                    group=f"llama {mode} {dtype_name(dtype)}", x=float(tokens), ceiling="matmul"))
+        return cases
+
+    def make_inputs(self, case, device):
+        p = case.params
+        return (torch.randint(0, SIZES[p["model"]]["vocab_size"], (p["B"], p["S"]), device=device),)
+
+    def reference(self, case, input_ids):
+        """The fp32 model from the same seed: the first step's loss, or the prefill logits."""
+        p = case.params
+        model = _build(SIZES[p["model"]], torch.float32, input_ids.device.type, patch=False)
+        with torch.no_grad():
+            if p["mode"] == "train":
+                return model(input_ids=input_ids, labels=input_ids).loss
+            return model(input_ids=input_ids).logits
+
+    def ref_dtype(self, case, device):
+        return torch.float32
