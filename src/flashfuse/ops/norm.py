@@ -298,6 +298,12 @@ def _bwd_programs(device: torch.device, num_warps: int) -> int:
         1, BWD_WARPS_PER_SM // num_warps)
 
 
+def _alloc(shape, dtype, device) -> Tensor:
+    """Every buffer a kernel writes comes from here (tests replace it with a NaN fill: an element a kernel
+    forgets to write then fails the comparison)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _out_dtype(x: Tensor, weight: Optional[Tensor], llama_casting: bool) -> torch.dtype:
     if llama_casting and weight is not None:
         return torch.promote_types(x.dtype, weight.dtype)
@@ -306,10 +312,10 @@ def _out_dtype(x: Tensor, weight: Optional[Tensor], llama_casting: bool) -> torc
 
 def _norm_forward(x, residual, weight, bias, eps, offset, *, is_rms, llama_casting):
     n_rows, n_cols = x.shape
-    y = torch.empty((n_rows, n_cols), dtype=_out_dtype(x, weight, llama_casting), device=x.device)
-    s = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device) if residual is not None else None
-    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
-    mean = None if is_rms else torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    y = _alloc((n_rows, n_cols), dtype=_out_dtype(x, weight, llama_casting), device=x.device)
+    s = _alloc((n_rows, n_cols), dtype=x.dtype, device=x.device) if residual is not None else None
+    rstd = _alloc(n_rows, dtype=torch.float32, device=x.device)
+    mean = None if is_rms else _alloc(n_rows, dtype=torch.float32, device=x.device)
     if n_rows == 0:
         return y, s, mean, rstd
     block_m, block_n, num_warps = _launch_config(n_rows, n_cols, MAX_BLOCK_N_FWD)
@@ -330,22 +336,22 @@ def _norm_backward(dy, dsum, s, weight, bias, mean, rstd, offset, *, is_rms, lla
                    compute_db):
     n_rows, n_cols = s.shape
     device = s.device
-    dx = torch.empty((n_rows, n_cols), dtype=s.dtype, device=device)
+    dx = _alloc((n_rows, n_cols), dtype=s.dtype, device=device)
     block_m, block_n, num_warps = _launch_config(n_rows, n_cols, MAX_BLOCK_N_BWD)
     n_col_blocks = triton.cdiv(n_cols, block_n)
     # Enough row programs to fill the GPU, each looping over a contiguous run of rows (a multiple of
     # BLOCK_M) and keeping its dw / db partial in registers.
     n_programs = min(triton.cdiv(n_rows, block_m), max(1, _bwd_programs(device, num_warps) // n_col_blocks))
-    rows_per_program = triton.cdiv(triton.cdiv(n_rows, max(n_programs, 1)), block_m) * block_m
-    n_programs = triton.cdiv(n_rows, rows_per_program)
-    dw_part = torch.empty((n_programs, n_cols), dtype=torch.float32, device=device) if compute_dw else None
-    db_part = torch.empty((n_programs, n_cols), dtype=torch.float32, device=device) if compute_db else None
+    rows_per_program = max(1, triton.cdiv(triton.cdiv(n_rows, max(n_programs, 1)), block_m)) * block_m
+    n_programs = triton.cdiv(n_rows, rows_per_program)  # 0 when there are no rows: dw = db = 0
+    dw_part = _alloc((n_programs, n_cols), dtype=torch.float32, device=device) if compute_dw else None
+    db_part = _alloc((n_programs, n_cols), dtype=torch.float32, device=device) if compute_db else None
     if n_rows > 0:
         one_block = n_col_blocks == 1
         row_sums = None
         dummy = s
         if not one_block:
-            row_sums = torch.empty((n_rows, 2), dtype=torch.float32, device=device)
+            row_sums = _alloc((n_rows, 2), dtype=torch.float32, device=device)
             _norm_bwd_row_sums_kernel[(triton.cdiv(n_rows, block_m),)](
                 dy, s, dummy if weight is None else weight, rstd if mean is None else mean, rstd, row_sums,
                 n_rows, n_cols, dy.stride(0), s.stride(0), float(offset),
