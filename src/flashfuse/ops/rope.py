@@ -386,6 +386,29 @@ def _check_varlen(x, cu_seqlens, max_seqlen):
         raise ValueError(f"max_seqlen is {max_seqlen} but a sequence in cu_seqlens has {max_step} tokens")
 
 
+def _check_positions(x, x_name, cos, batch, seqlen, seqlen_offsets, position_ids):
+    """-> (offsets tensor or None, int offset): where each token sits in the cos/sin table."""
+    if isinstance(seqlen_offsets, torch.Tensor):
+        _check_index("seqlen_offsets", seqlen_offsets, (batch,))
+        check_same((x_name, "seqlen_offsets"), (x, seqlen_offsets), dtype=False)
+        offsets, offset = seqlen_offsets, 0
+    elif isinstance(seqlen_offsets, (int, torch.SymInt)) and not isinstance(seqlen_offsets, bool):
+        offsets, offset = None, seqlen_offsets
+        if position_ids is None and not 0 <= offset <= cos.shape[-2] - seqlen:
+            raise ValueError(f"seqlen_offsets is {offset} and the longest sequence has {seqlen} tokens, but "
+                             f"cos/sin have {cos.shape[-2]} positions; need 0 <= seqlen_offsets and "
+                             "seqlen_offsets + seqlen <= seqlen_ro")
+    else:
+        raise TypeError(f"seqlen_offsets is a {type(seqlen_offsets).__name__}; supported: int or (batch,) "
+                        "integer tensor")
+    if position_ids is not None:
+        if offsets is not None or offset != 0:
+            raise ValueError("position_ids and seqlen_offsets were both given; pass one of them")
+        _check_index("position_ids", position_ids, x.shape[:-2])
+        check_same((x_name, "position_ids"), (x, position_ids), dtype=False)
+    return offsets, offset
+
+
 # ----------------------------------------------------------------------------------------------------
 # Public functions
 # ----------------------------------------------------------------------------------------------------
@@ -435,27 +458,8 @@ def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False, seqlen_offse
     if cos.dim() == 3 and cos.shape[0] != batch:
         raise ValueError(f"cos has shape {tuple(cos.shape)}: a per-sequence table needs {batch} rows in dim 0 "
                          f"(x is {layout} with {batch} sequences)")
-    offsets_tensor = isinstance(seqlen_offsets, torch.Tensor)
-    if offsets_tensor:
-        _check_index("seqlen_offsets", seqlen_offsets, (batch,))
-        check_same(("x", "seqlen_offsets"), (x, seqlen_offsets), dtype=False)
-        offset = 0
-    elif isinstance(seqlen_offsets, (int, torch.SymInt)) and not isinstance(seqlen_offsets, bool):
-        offset = seqlen_offsets
-        if position_ids is None and not 0 <= offset <= cos.shape[-2] - seqlen:
-            raise ValueError(f"seqlen_offsets is {offset} and the longest sequence has {seqlen} tokens, but cos/sin "
-                             f"have {cos.shape[-2]} positions; need 0 <= seqlen_offsets and "
-                             "seqlen_offsets + seqlen <= seqlen_ro")
-    else:
-        raise TypeError(f"seqlen_offsets is a {type(seqlen_offsets).__name__}; supported: int or (batch,) "
-                        "integer tensor")
-    if position_ids is not None:
-        if offsets_tensor or offset != 0:
-            raise ValueError("position_ids and seqlen_offsets were both given; pass one of them")
-        _check_index("position_ids", position_ids, x.shape[:-2])
-        check_same(("x", "position_ids"), (x, position_ids), dtype=False)
-    args = (cos, sin, seqlen_offsets if offsets_tensor else None, cu_seqlens, position_ids, offset, max_seqlen,
-            interleaved)
+    offsets, offset = _check_positions(x, "x", cos, batch, seqlen, seqlen_offsets, position_ids)
+    args = (cos, sin, offsets, cu_seqlens, position_ids, offset, max_seqlen, interleaved)
     if inplace:
         if x.stride(-1) != 1:
             raise ValueError(f"inplace=True needs x with a contiguous last dim; x has strides {x.stride()}")
@@ -523,3 +527,33 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     q_out, k_out = _rotary_qk(last_dim_contiguous(q_), last_dim_contiguous(k_), cos, sin, None, position_ids, 0,
                               rotary_dim, rotary_dim // 2, False, False, out_dtype)
     return (q_out.transpose(1, 2), k_out.transpose(1, 2)) if u == 1 else (q_out, k_out)
+
+
+def apply_rotary_emb_qk(q, k, cos, sin, interleaved=False, seqlen_offsets=0, position_ids=None):
+    """``apply_rotary_emb`` on q and k in one launch (what ``flashfuse.nn.RotaryEmbedding`` calls).
+
+    Shapes: q (batch, seqlen, nheads_q, headdim_q), k (batch, seqlen, nheads_k, headdim_k) (GQA: any
+    head counts); cos, sin (seqlen_ro, rotary_dim / 2) or (batch, seqlen_ro, rotary_dim / 2). Options as
+    in ``apply_rotary_emb`` (no varlen, no in place). Returns (q_rot, k_rot) in q's and k's dtype.
+
+    Example::
+
+        cos, sin = flashfuse.reference.rope.rotary_tables(128, 4096, device="cuda")
+        q_rot, k_rot = apply_rotary_emb_qk(q, k, cos, sin, seqlen_offsets=past_len)
+    """
+    check_tensor("q", q, ndims=(4,))
+    check_tensor("k", k, ndims=(4,))
+    check_same(("q", "k"), (q, k))
+    batch, seqlen = q.shape[:2]
+    if tuple(k.shape[:2]) != (batch, seqlen):
+        raise ValueError(f"q has shape {tuple(q.shape)} and k has {tuple(k.shape)}; they must agree in batch "
+                         "and seqlen")
+    cos, sin = _check_cos_sin(cos, sin, q, "q")
+    rotary_dim = 2 * cos.shape[-1]
+    _check_rotary_dim(rotary_dim, "2 * cos.shape[-1]", (("q", q.shape[-1]), ("k", k.shape[-1])))
+    _check_batch(batch)
+    if cos.dim() == 3 and cos.shape[0] != batch:
+        raise ValueError(f"cos has shape {tuple(cos.shape)}: a per-sequence table needs {batch} rows in dim 0")
+    offsets, offset = _check_positions(q, "q", cos, batch, seqlen, seqlen_offsets, position_ids)
+    return _rotary_qk(last_dim_contiguous(q), last_dim_contiguous(k), cos, sin, offsets, position_ids, offset,
+                      rotary_dim, 0, interleaved, False, q.dtype)
