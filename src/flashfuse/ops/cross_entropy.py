@@ -322,10 +322,15 @@ def _flce_backward(ctx, grad_loss, *_):
                                        grad_hidden=ctx.flags[0], grad_weight=ctx.flags[1],
                                        grad_bias=ctx.flags[2])
     else:
-        # Scaled in place: the saved gradients are used once. A second backward through the same graph
-        # (retain_graph=True) raises autograd's "modified by an inplace operation" error.
+        # Eager (plain tensors): scaled in place, so no second (V, H) buffer; the saved gradients are used
+        # once (a second backward through the same graph, retain_graph=True, raises autograd's "modified
+        # by an inplace operation" error). Traced by torch.compile / AOTAutograd (tensor subclasses):
+        # out of place, since a forward output mutated in the backward graph cannot always be
+        # partitioned (opcheck's aot_dispatch test hits that); the compiler plans that memory itself.
         dh, dw, db = ctx.saved_tensors
-        dh, dw, db = (g.mul_(grad_loss) if flag else g for g, flag in zip((dh, dw, db), ctx.flags))
+        inplace = type(grad_loss) is torch.Tensor and not torch.compiler.is_compiling()
+        dh, dw, db = ((g.mul_(grad_loss) if inplace else g * grad_loss) if flag else g
+                      for g, flag in zip((dh, dw, db), ctx.flags))
     grads = [g if flag else None for g, flag in zip((dh, dw, db), ctx.flags)]
     if grads[2] is not None:
         grads[2] = grads[2].to(ctx.bias_dtype)
