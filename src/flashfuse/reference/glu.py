@@ -8,6 +8,7 @@ and multiplies elementwise:
 
     SwiGLU:  act(g) = silu(g) = g * sigmoid(g)
     GeGLU:   act(g) = gelu(g) = g * Phi(g),  Phi(g) = (1 + erf(g / sqrt(2))) / 2    (approximate="none")
+                                                    = erfc(-g / sqrt(2)) / 2 (no cancellation for g << 0)
              act(g) ~ g * (1 + tanh(sqrt(2 / pi) * (g + 0.044715 g^3))) / 2         (approximate="tanh")
 
 Backward (vector-Jacobian product), for an incoming gradient dh:
@@ -45,7 +46,7 @@ def silu(g):
 def gelu(g, approximate: str = "none"):
     if approximate == "tanh":
         return 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + GELU_TANH_COEF * g ** 3)))
-    return 0.5 * g * (1.0 + torch.erf(g / math.sqrt(2.0)))
+    return 0.5 * g * torch.erfc(-g / math.sqrt(2.0))             # = (1 + erf(g / sqrt 2)) / 2, no cancellation
 
 
 def silu_grad(g):
@@ -59,7 +60,7 @@ def gelu_grad(g, approximate: str = "none"):
         t = torch.tanh(k * (g + GELU_TANH_COEF * g ** 3))
         return 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * k * (1.0 + 3.0 * GELU_TANH_COEF * g * g)
     phi = torch.exp(-0.5 * g * g) / math.sqrt(2.0 * math.pi)
-    return 0.5 * (1.0 + torch.erf(g / math.sqrt(2.0))) + g * phi
+    return 0.5 * torch.erfc(-g / math.sqrt(2.0)) + g * phi
 
 
 def swiglu_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
