@@ -1,0 +1,584 @@
+"""One-line patching of Hugging Face transformers models with flashfuse kernels.
+
+    model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-3.2-1B", torch_dtype=torch.bfloat16)
+    patch_transformers(model)               # in place, returns the model
+    loss = model(input_ids, labels=labels).loss
+    unpatch_transformers(model)             # the original modules, function, attention and forward back
+
+    with patched(model, attention=False):   # patch for a block, restore on exit
+        ...
+
+What the patch does (flags of `patch_transformers`, all on by default):
+
+- ``norms``: every RMSNorm / LayerNorm module of the model is swapped in place for a
+  `flashfuse.nn.RMSNorm` / `flashfuse.nn.LayerNorm` holding the SAME Parameter objects (an optimizer
+  built before patching keeps working; state-dict keys are unchanged). Llama, Mistral, Qwen2, Qwen3 (incl.
+  the per-head q_norm / k_norm) and Phi3 normalize in fp32, cast to the input dtype, then multiply by the
+  weight (``casting_mode="llama"``, eps in ``variance_epsilon``); Gemma and Gemma2 multiply by
+  ``1 + weight`` in fp32 and cast once at the end (``offset=1.0, casting_mode="gemma"``, eps in ``eps``);
+  GPT-2 uses torch's ``nn.LayerNorm``.
+- ``mlp``: the MLP modules become fused ones sharing the HF child Linear modules: gate_proj/up_proj/down_proj
+  MLPs (Llama, Mistral, Qwen2/3, Gemma/Gemma2) become `flashfuse.nn.SwiGLUMLP` or `GeGLUMLP` from the
+  activation instance HF built from the config (``act_fn``: SiLU -> SwiGLU, gelu_pytorch_tanh -> tanh GeGLU);
+  Phi3's fused ``gate_up_proj`` becomes `GateUpMLP` (one gated GEMM over the fused [gate; up] weight);
+  GPT-2's Conv1D MLP becomes `Conv1DMLP` (weights stored (in, out), used through transposed views; gelu_new
+  is the tanh GELU). An activation without a kernel leaves that MLP as it is (with a warning).
+- ``rope``: each family's module-level ``apply_rotary_pos_emb`` is rebound to flashfuse's drop-in (partial
+  rotary passes the tail of the head dim through, as Phi3 needs). In transformers 5.x the function carries
+  ``@use_kernel_forward_from_hub("rotary_pos_emb")`` and the attention class ``@use_kernelized_func(...)``:
+  without the ``kernels`` package both are no-ops; with it the first only tags the same function object with
+  ``kernel_layer_name`` and the second keeps a reference for ``kernelize``. The attention forward still calls
+  the name from its module globals, so rebinding the module attribute reroutes every call. This is
+  process-wide for that modeling module (reference counted: the original comes back when the last patched
+  model of the family is unpatched); the drop-in computes the same function. GPT-2 has absolute positions.
+- ``attention``: registers flashfuse with transformers' attention interface and sets the model's
+  implementation to ``"flashfuse"`` (through the config, see `_set_attn_implementation`); unpatch restores the
+  previous one.
+- ``cross_entropy``: the causal-LM instance gets one generic forward (the same for every family). In training
+  mode with ``labels`` and transformers' default causal-LM loss, it runs the base model,
+  slices the hidden states with ``logits_to_keep`` and computes
+  `flashfuse.fused_linear_cross_entropy(hidden, lm_head.weight, shifted labels)` with HF's shift
+  (labels padded with ``ignore_index`` on the right, or ``shift_labels``), ``ignore_index``, ``num_items_in_batch`` (sum / count)
+  and Gemma2's ``final_logit_softcapping``. The (tokens, vocab) logits are never materialized, so the output
+  has ``logits=None`` (as Liger does). Without labels, in eval mode, or with a custom ``loss_function``, the
+  original HF forward runs unchanged.
+
+Only the table `_FAMILIES` below is per-model; one routine applies it. `unpatch_transformers` restores the
+original module objects (re-attached to the current Parameters), the functions, the attention
+implementation and the forward. Modules are matched by exact class, so subclasses someone customized are
+left alone. Tested with transformers 5.17 and 5.23.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+import inspect
+import types
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..nn.mlp import GeGLUMLP, SwiGLUMLP
+from ..nn.norm import LayerNorm, RMSNorm
+from ..ops.cross_entropy import fused_linear_cross_entropy
+from ..ops.matmul import fused_mlp, linear
+from ..ops.rope import apply_rotary_pos_emb as _flashfuse_apply_rotary_pos_emb
+
+__all__ = ["patch_transformers", "unpatch_transformers", "patched", "GateUpMLP", "Conv1DMLP", "SUPPORTED_FAMILIES"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The table: one row per model family. Norm/MLP keys are class names in transformers.models.<name>.modeling_<name>
+# (or a dotted path for a torch class); values say how to build the flashfuse replacement.
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Norm:
+    kind: str  # "rms" or "layer"
+    eps_attr: str = "eps"  # where the HF module keeps its epsilon
+    offset: float = 0.0  # Gemma scales by (1 + weight)
+    casting_mode: str = "llama"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mlp:
+    layout: str  # "gated" (gate_proj/up_proj/down_proj), "gate_up" (Phi3's fused gate_up_proj), "conv1d" (GPT-2)
+    act_attr: str  # where the HF module keeps its ACT2FN activation instance
+
+
+@dataclasses.dataclass(frozen=True)
+class _Family:
+    name: str
+    norms: dict
+    mlps: dict
+    causal_lm: str
+    rope: str | None = "apply_rotary_pos_emb"  # module-level function the attention forward calls
+    logit_softcap: str | None = None  # config attribute of the final logit softcapping
+
+    @property
+    def module(self) -> str:
+        return f"transformers.models.{self.name}.modeling_{self.name}"
+
+
+_LLAMA_NORM = _Norm("rms", eps_attr="variance_epsilon")
+_GEMMA_NORM = _Norm("rms", eps_attr="eps", offset=1.0, casting_mode="gemma")
+_GATED = _Mlp("gated", act_attr="act_fn")
+
+_FAMILIES = (
+    _Family("llama", {"LlamaRMSNorm": _LLAMA_NORM}, {"LlamaMLP": _GATED}, "LlamaForCausalLM"),
+    _Family("mistral", {"MistralRMSNorm": _LLAMA_NORM}, {"MistralMLP": _GATED}, "MistralForCausalLM"),
+    _Family("qwen2", {"Qwen2RMSNorm": _LLAMA_NORM}, {"Qwen2MLP": _GATED}, "Qwen2ForCausalLM"),
+    _Family("qwen3", {"Qwen3RMSNorm": _LLAMA_NORM}, {"Qwen3MLP": _GATED}, "Qwen3ForCausalLM"),
+    _Family("gemma", {"GemmaRMSNorm": _GEMMA_NORM}, {"GemmaMLP": _GATED}, "GemmaForCausalLM"),
+    _Family(
+        "gemma2",
+        {"Gemma2RMSNorm": _GEMMA_NORM},
+        {"Gemma2MLP": _GATED},
+        "Gemma2ForCausalLM",
+        logit_softcap="final_logit_softcapping",
+    ),
+    _Family("phi3", {"Phi3RMSNorm": _LLAMA_NORM}, {"Phi3MLP": _Mlp("gate_up", "activation_fn")}, "Phi3ForCausalLM"),
+    _Family(
+        "gpt2",
+        {"torch.nn.LayerNorm": _Norm("layer")},
+        {"GPT2MLP": _Mlp("conv1d", "act")},
+        "GPT2LMHeadModel",
+        rope=None,
+    ),
+)
+SUPPORTED_FAMILIES = tuple(f.name for f in _FAMILIES)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Replacement modules for the MLP layouts flashfuse.nn has no module for (they keep HF's child names, so the
+# parameter names, and with them state dicts, do not change).
+# ----------------------------------------------------------------------------------------------------------
+
+
+class GateUpMLP(nn.Module):
+    """Phi3-style MLP: down_proj(act(x W_gate^T) * (x W_up^T)) with W = gate_up_proj.weight = [W_gate; W_up].
+
+    One gated GEMM reads the fused (2 * intermediate, hidden) weight; the (tokens, 2 * intermediate)
+    pre-activation is never written. activation: "swiglu", "geglu" or "geglu_tanh".
+    """
+
+    def __init__(self, gate_up_proj: nn.Linear, down_proj: nn.Linear, activation: str = "swiglu"):
+        super().__init__()
+        self.gate_up_proj = gate_up_proj
+        self.down_proj = down_proj
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, activation=self.activation)
+        return self.down_proj(h)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"
+
+
+class Conv1DMLP(nn.Module):
+    """GPT-2-style MLP over transformers' Conv1D layers (weight stored (in, out)): dropout(fc2(act(fc1(x)))).
+
+    The Conv1D weights are used through transposed views (no copy); fc1's bias and activation are fused into
+    its GEMM epilogue. activation: "gelu_tanh" (GPT-2's gelu_new), "gelu", "relu" or "silu".
+    """
+
+    def __init__(self, c_fc: nn.Module, c_proj: nn.Module, dropout: nn.Module, activation: str = "gelu_tanh"):
+        super().__init__()
+        self.c_fc = c_fc
+        self.c_proj = c_proj
+        self.dropout = dropout
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = fused_mlp(x, self.c_fc.weight.t(), self.c_fc.bias, self.c_proj.weight.t(), self.c_proj.bias, self.activation)
+        return self.dropout(h)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"
+
+
+def _hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers 5.x's ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` signature, on flashfuse."""
+    return _flashfuse_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Builders: HF module -> flashfuse module sharing its parameters (None when there is no kernel for it).
+# ----------------------------------------------------------------------------------------------------------
+
+# ACT2FN instantiates one class per config name; these are the ones flashfuse has kernels for. Matched by class
+# name because transformers renamed some across versions (PytorchGELUTanh -> GELUTanh).
+_ACTIVATIONS = {
+    "SiLUActivation": "silu",
+    "SiLU": "silu",
+    "GELUTanh": "gelu_tanh",  # gelu_pytorch_tanh
+    "PytorchGELUTanh": "gelu_tanh",
+    "NewGELUActivation": "gelu_tanh",  # gelu_new (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    "FastGELUActivation": "gelu_tanh",  # gelu_fast: the same formula with sqrt(2/pi) written out
+    "GELUActivation": "gelu",  # exact erf GELU
+    "ReLU": "relu",
+}
+_GATED_ACTIVATIONS = {"silu": "swiglu", "gelu_tanh": "geglu_tanh", "gelu": "geglu"}
+
+
+def _activation(module: nn.Module, spec: _Mlp) -> str | None:
+    act = getattr(module, spec.act_attr, None)
+    if isinstance(act, nn.GELU):
+        return "gelu_tanh" if act.approximate == "tanh" else "gelu"
+    return _ACTIVATIONS.get(type(act).__name__)
+
+
+def _build_norm(old: nn.Module, spec: _Norm) -> nn.Module:
+    if spec.kind == "layer":
+        new = LayerNorm(
+            old.normalized_shape,
+            eps=old.eps,
+            elementwise_affine=old.elementwise_affine,
+            bias=getattr(old, "bias", None) is not None,
+            device="meta",
+        )
+    else:
+        new = RMSNorm(
+            old.weight.shape[-1],
+            eps=getattr(old, spec.eps_attr),
+            offset=spec.offset,
+            casting_mode=spec.casting_mode,
+            device="meta",
+        )
+    for name, param in old.named_parameters(recurse=False):
+        setattr(new, name, param)
+    return new
+
+
+def _build_mlp(old: nn.Module, spec: _Mlp) -> nn.Module | None:
+    act = _activation(old, spec)
+    if spec.layout == "conv1d":
+        if act is None:
+            return None
+        return Conv1DMLP(old.c_fc, old.c_proj, old.dropout, activation=act)
+    if act not in _GATED_ACTIVATIONS:
+        return None
+    if spec.layout == "gate_up":
+        return GateUpMLP(old.gate_up_proj, old.down_proj, activation=_GATED_ACTIVATIONS[act])
+    gate = old.gate_proj
+    kwargs = dict(bias=gate.bias is not None, device="meta")
+    if act == "silu":
+        new = SwiGLUMLP(gate.in_features, gate.out_features, **kwargs)
+    else:
+        new = GeGLUMLP(gate.in_features, gate.out_features, approximate="tanh" if act == "gelu_tanh" else "none", **kwargs)
+    new.gate_proj, new.up_proj, new.down_proj = old.gate_proj, old.up_proj, old.down_proj
+    return new
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The patch routine and its undo.
+# ----------------------------------------------------------------------------------------------------------
+
+_STATE = "_flashfuse_patch"
+_ATTENTION = "flashfuse"  # the name register_transformers_attention registers
+# (module name, attribute) -> [original function, number of patched models using the replacement]
+_FUNCTION_PATCHES: dict[tuple[str, str], list] = {}
+
+
+@dataclasses.dataclass
+class _PatchState:
+    flags: dict
+    modules: list = dataclasses.field(default_factory=list)  # (parent, child name, original, replacement)
+    functions: list = dataclasses.field(default_factory=list)  # keys of _FUNCTION_PATCHES this model holds
+    attn_implementation: str | None = None  # the one to restore, when attention was patched
+    forward: tuple | None = None  # (had an instance-level forward, that forward)
+
+
+def _families_of(model: nn.Module) -> list[_Family]:
+    present = {type(m).__module__ for m in model.modules()}
+    return [family for family in _FAMILIES if family.module in present]
+
+
+def _resolve(family: _Family, table: dict) -> dict:
+    """Class name (or dotted torch path) -> class object, for the keys of a row's norm/MLP table."""
+    resolved = {}
+    for key, spec in table.items():
+        path, _, name = key.rpartition(".") if "." in key else (family.module, "", key)
+        cls = getattr(importlib.import_module(path), name, None)
+        if cls is not None:  # a class this transformers version does not define is simply not patched
+            resolved[cls] = spec
+    return resolved
+
+
+def _swap_modules(model: nn.Module, families: list[_Family], norms: bool, mlp: bool, state: _PatchState) -> None:
+    builders = {}
+    for family in families:
+        if norms:
+            builders.update({cls: (_build_norm, spec) for cls, spec in _resolve(family, family.norms).items()})
+        if mlp:
+            builders.update({cls: (_build_mlp, spec) for cls, spec in _resolve(family, family.mlps).items()})
+    replaced: dict[int, nn.Module | None] = {}  # id(original) -> replacement, so a shared module is built once
+    for parent in list(model.modules()):
+        for name, child in list(parent._modules.items()):
+            if child is None or type(child) not in builders:
+                continue
+            if id(child) not in replaced:
+                build, spec = builders[type(child)]
+                new = build(child, spec)
+                if new is None:
+                    warnings.warn(
+                        f"patch_transformers: {type(child).__name__} uses activation "
+                        f"{type(getattr(child, spec.act_attr, None)).__name__}, which has no flashfuse kernel; "
+                        "left as it is",
+                        stacklevel=3,
+                    )
+                else:
+                    _check_same_parameters(child, new)
+                    new.train(child.training)
+                replaced[id(child)] = new
+            new = replaced[id(child)]
+            if new is not None:
+                setattr(parent, name, new)
+                state.modules.append((parent, name, child, new))
+
+
+def _check_same_parameters(old: nn.Module, new: nn.Module) -> None:
+    """The replacement must hold exactly the original Parameter objects under the same names."""
+    old_params, new_params = dict(old.named_parameters()), dict(new.named_parameters())
+    if old_params.keys() != new_params.keys() or any(old_params[k] is not new_params[k] for k in old_params):
+        raise RuntimeError(
+            f"patch_transformers: the replacement {type(new).__name__} for {type(old).__name__} does not share its "
+            f"parameters (original {sorted(old_params)}, replacement {sorted(new_params)}); this is a flashfuse bug"
+        )
+
+
+def _restore_module(parent: nn.Module, name: str, old: nn.Module, new: nn.Module) -> None:
+    # model.to(...) / .half() may have given the replacement new Parameter objects; hand the current ones back.
+    for pname, param in new.named_parameters():
+        path, _, leaf = pname.rpartition(".")
+        owner = old.get_submodule(path)
+        if owner._parameters.get(leaf) is not param:
+            owner._parameters[leaf] = param
+    old.train(new.training)
+    setattr(parent, name, old)
+
+
+def _patch_functions(families: list[_Family], state: _PatchState) -> None:
+    for family in families:
+        if family.rope is None:
+            continue
+        module = importlib.import_module(family.module)
+        key = (family.module, family.rope)
+        entry = _FUNCTION_PATCHES.get(key)
+        if entry is None:
+            entry = _FUNCTION_PATCHES[key] = [getattr(module, family.rope), 0]
+            setattr(module, family.rope, _hf_apply_rotary_pos_emb)
+        entry[1] += 1
+        state.functions.append(key)
+
+
+def _restore_function(key: tuple[str, str]) -> None:
+    entry = _FUNCTION_PATCHES[key]
+    entry[1] -= 1
+    if entry[1] == 0:
+        setattr(importlib.import_module(key[0]), key[1], entry[0])
+        del _FUNCTION_PATCHES[key]
+
+
+def _patch_attention(model: nn.Module, state: _PatchState) -> None:
+    from .hf_attention import register_transformers_attention
+
+    register_transformers_attention()
+    state.attn_implementation = model.config._attn_implementation
+    _set_attn_implementation(model, _ATTENTION)
+
+
+def _set_attn_implementation(model: nn.Module, name: str) -> None:
+    # Not model.set_attn_implementation: transformers takes every name containing "flash" for a flash-attn build
+    # (is_flash_attention_requested is a substring test) and tries to import one, which fails for "flashfuse".
+    # The config setter (5.17 and 5.23) switches the dispatch without that check, sub-configs included; the
+    # attention modules of every family read config._attn_implementation at call time.
+    model.config._attn_implementation = name
+
+
+def _patch_forward(model: nn.Module, families: list[_Family], state: _PatchState) -> None:
+    rows = {family.causal_lm: family for family in families}
+    family = rows.get(type(model).__name__)
+    if family is None or type(model).__module__ != family.module:
+        return  # not a causal LM of the table (e.g. a bare LlamaModel): nothing to fuse
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    forward = _make_causal_lm_forward(type(model).forward, family.logit_softcap, ForCausalLMLoss)
+    state.forward = ("forward" in model.__dict__, model.__dict__.get("forward"))
+    model.forward = types.MethodType(forward, model)
+
+
+def _restore(model: nn.Module, state: _PatchState) -> None:
+    if state.forward is not None:
+        had_forward, forward = state.forward
+        if had_forward:
+            model.forward = forward
+        else:
+            model.__dict__.pop("forward", None)
+    if state.attn_implementation is not None:
+        _set_attn_implementation(model, state.attn_implementation)
+    for key in reversed(state.functions):
+        _restore_function(key)
+    for parent, name, old, new in reversed(state.modules):
+        _restore_module(parent, name, old, new)
+
+
+def patch_transformers(
+    model: nn.Module,
+    *,
+    norms: bool = True,
+    rope: bool = True,
+    mlp: bool = True,
+    attention: bool = True,
+    cross_entropy: bool = True,
+) -> nn.Module:
+    """Patch a built transformers model in place with flashfuse kernels; returns the same model.
+
+    Args:
+        model: a transformers model of a supported family (``SUPPORTED_FAMILIES``: llama, mistral, qwen2,
+            qwen3, gemma, gemma2, phi3, gpt2), e.g. ``LlamaForCausalLM`` or a bare ``LlamaModel``.
+        norms: swap RMSNorm / LayerNorm modules (same Parameter objects).
+        rope: rebind the family's ``apply_rotary_pos_emb`` (process-wide, reference counted).
+        mlp: swap MLP modules for fused ones (same child Linear / Conv1D modules).
+        attention: set the attention implementation to ``"flashfuse"``.
+        cross_entropy: training-mode causal-LM forward with labels uses the fused linear cross entropy and
+            returns ``logits=None``; everything else runs HF's forward.
+
+    Patching a patched model first undoes the previous patch. See the module docstring for the details of
+    each flag. Example::
+
+        model = patch_transformers(LlamaForCausalLM(config), attention=False)
+        loss = model(input_ids, labels=input_ids).loss   # model.train(): logits is None
+    """
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        raise TypeError(
+            f"patch_transformers: model must be a transformers PreTrainedModel (an nn.Module with a config), "
+            f"got {type(model).__name__}"
+        )
+    if _STATE in model.__dict__:
+        unpatch_transformers(model)
+    families = _families_of(model)
+    if not families:
+        raise ValueError(
+            f"patch_transformers: {type(model).__name__} is not of a supported family; supported: "
+            f"{', '.join(SUPPORTED_FAMILIES)}"
+        )
+    flags = dict(norms=norms, rope=rope, mlp=mlp, attention=attention, cross_entropy=cross_entropy)
+    state = _PatchState(flags=flags)
+    try:
+        if norms or mlp:
+            _swap_modules(model, families, norms, mlp, state)
+        if rope:
+            _patch_functions(families, state)
+        if attention:
+            _patch_attention(model, state)
+        if cross_entropy:
+            _patch_forward(model, families, state)
+    except BaseException:
+        _restore(model, state)
+        raise
+    model.__dict__[_STATE] = state
+    return model
+
+
+def unpatch_transformers(model: nn.Module) -> nn.Module:
+    """Undo `patch_transformers`: the original module objects (holding the current Parameters), functions,
+    attention implementation and forward come back. A model that is not patched is returned unchanged."""
+    state = model.__dict__.pop(_STATE, None)
+    if state is not None:
+        _restore(model, state)
+    return model
+
+
+@contextlib.contextmanager
+def patched(model: nn.Module, **flags):
+    """``with patched(model, **flags): ...`` patches `model` for the block (flags as `patch_transformers`) and
+    restores it on exit, re-applying an earlier patch with its own flags if there was one."""
+    previous = model.__dict__.get(_STATE)
+    patch_transformers(model, **flags)
+    try:
+        yield model
+    finally:
+        unpatch_transformers(model)
+        if previous is not None:
+            patch_transformers(model, **previous.flags)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The generic causal-LM forward (cross_entropy=True).
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _make_causal_lm_forward(original, softcap_attr, causal_lm_loss):
+    """The generic forward, to bind to a model as a method (a bound method deep-copies with its model). The
+    signature is read once here, not per call, which keeps the call path plain Python for torch.compile;
+    ``functools.wraps`` keeps ``inspect.signature(model.forward)`` equal to HF's (``generate`` validates its
+    kwargs against it)."""
+    signature = inspect.signature(original)
+    positional = [
+        p.name
+        for p in signature.parameters.values()
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ][1:]  # drop self
+    output_cls = signature.return_annotation
+
+    @functools.wraps(original)
+    def forward(self, *args, **kwargs):
+        if len(args) > len(positional):
+            raise TypeError(f"{type(self).__name__}.forward takes {len(positional)} positional arguments")
+        arguments = dict(zip(positional, args))
+        duplicated = arguments.keys() & kwargs.keys()
+        if duplicated:
+            raise TypeError(f"{type(self).__name__}.forward got multiple values for {sorted(duplicated)}")
+        arguments.update(kwargs)
+        # HF computes a loss only when `labels` is given (`shift_labels`, if also given, then replaces the shift)
+        if not (self.training and arguments.get("labels") is not None) or self.loss_function is not causal_lm_loss:
+            return original(self, *args, **kwargs)
+
+        labels = arguments.pop("labels", None)
+        logits_to_keep = arguments.pop("logits_to_keep", 0)
+        return_dict = arguments.pop("return_dict", None)  # as transformers' @can_return_tuple
+        if return_dict is None:
+            return_dict = getattr(self.config, "return_dict", True)
+        # Everything else goes to the base model, as HF's forward passes its **kwargs on.
+        outputs = getattr(self, self.base_model_prefix)(**arguments)
+        hidden = _slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
+        head = self.get_output_embeddings()
+        loss = _causal_lm_loss(
+            hidden,
+            head.weight,
+            getattr(head, "bias", None),
+            labels,
+            softcap=getattr(self.config, softcap_attr, None) if softcap_attr else None,
+            shift_labels=arguments.get("shift_labels"),
+            ignore_index=arguments.get("ignore_index", -100),
+            num_items_in_batch=arguments.get("num_items_in_batch"),
+        )
+        fields = {f.name: getattr(outputs, f.name, None) for f in dataclasses.fields(output_cls)}
+        fields.update(loss=loss, logits=None)
+        output = output_cls(**fields)
+        return output if return_dict else output.to_tuple()
+
+    return forward
+
+
+def _slice_logits_to_keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
+    """transformers' slice of the positions whose logits are wanted: an int keeps the last n (0: all), a 1-D
+    tensor holds positions, a 2-D integer tensor positions per sample, a 2-D bool tensor a mask."""
+    if isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.ndim == 2:
+        if logits_to_keep.dtype == torch.bool:
+            return hidden[logits_to_keep]
+        return torch.take_along_dim(hidden, logits_to_keep[..., None], dim=1)
+    if isinstance(logits_to_keep, int):
+        logits_to_keep = slice(-logits_to_keep, None)
+    return hidden[:, logits_to_keep, :]
+
+
+def _causal_lm_loss(hidden, weight, bias, labels, softcap, shift_labels, ignore_index, num_items_in_batch):
+    """transformers' ForCausalLMLoss on hidden states: tokens < n predict n (labels padded with ignore_index on
+    the right, or `shift_labels` as given), mean over the non-ignored tokens, or sum / num_items_in_batch."""
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    hidden = hidden.reshape(-1, hidden.shape[-1])
+    shift_labels = shift_labels.reshape(-1).to(hidden.device)
+    if shift_labels.numel() != hidden.shape[0]:
+        raise ValueError(
+            f"labels: {shift_labels.numel()} label positions for {hidden.shape[0]} hidden positions (after "
+            "logits_to_keep); they must match"
+        )
+    reduction = "mean" if num_items_in_batch is None else "sum"
+    loss = fused_linear_cross_entropy(
+        hidden, weight, shift_labels, ignore_index=ignore_index, reduction=reduction, softcap=softcap, bias=bias
+    )
+    if num_items_in_batch is not None:
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss / num_items_in_batch
+    return loss

@@ -1,0 +1,17 @@
+"""nn.Module drop-ins built on the flashfuse ops; parameter names match torch / transformers so state dicts load
+unchanged."""
+
+from .loss import FusedLinearCrossEntropyLoss
+from .mlp import FusedMLP, GeGLUMLP, SwiGLUMLP
+from .norm import LayerNorm, RMSNorm
+from .rope import RotaryEmbedding
+
+__all__ = [
+    "FusedLinearCrossEntropyLoss",
+    "FusedMLP",
+    "GeGLUMLP",
+    "LayerNorm",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "SwiGLUMLP",
+]
