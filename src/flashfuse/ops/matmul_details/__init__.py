@@ -1,0 +1,1 @@
+"""Private details of flashfuse.ops.matmul: the Triton kernels, their config tables and launchers."""
