@@ -72,7 +72,8 @@ class RotaryEmbedding(nn.Module):
             position_ids = seqlen_offset[:, None] + torch.arange(seqlen, device=q.device)
         elif isinstance(seqlen_offset, Tensor) or seqlen_offset != 0:
             raise ValueError("position_ids and seqlen_offset were both given; pass one of them")
-        if position_ids.dim() != 2 or position_ids.shape[1] != seqlen or position_ids.shape[0] not in (1, q.shape[0]):
+        if (position_ids.dim() != 2 or position_ids.shape[1] != seqlen
+                or position_ids.shape[0] not in (1, q.shape[0])):
             raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}; expected (batch or 1, "
                              f"{seqlen}) for q of shape {tuple(q.shape)}")
         with torch.no_grad():

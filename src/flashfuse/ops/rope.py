@@ -150,6 +150,7 @@ def _rotary_kernel(
 # in one step, 32 fp32 values per thread at 4 warps (no spills), and with several programs resident per
 # SM enough bytes in flight to cover HBM latency.
 TILE_ELEMENTS = 4096
+MAX_WARPS = 4
 
 
 def _block_heads(nheads: int, width: int) -> int:
@@ -189,7 +190,7 @@ def rotary_forward(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, *, rotary_d
     block_hx = _block_heads(x.shape[-2], width)
     block_hy = _block_heads(max(heads_y, 1), width)
     # 4 warps for a full tile (16-byte accesses, 8 per thread per tile in bf16), fewer for small ones.
-    num_warps = max(1, min(4, (max(block_hx, block_hy) * width) // 1024))
+    num_warps = max(1, min(MAX_WARPS, (max(block_hx, block_hy) * width) // 1024))
     cos_b, cos_s = (cos.stride(0), cos.stride(1)) if cos.dim() == 3 else (0, cos.stride(0))
     sin_b, sin_s = (sin.stride(0), sin.stride(1)) if sin.dim() == 3 else (0, sin.stride(0))
     if position_ids is not None:
@@ -376,7 +377,8 @@ def _check_varlen(x, cu_seqlens, max_seqlen):
     if torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
         return  # the checks below read cu_seqlens (a host sync): skipped under torch.compile / CUDA graphs
     steps = torch.diff(cu_seqlens)
-    first, min_step, last, max_step = torch.stack([cu_seqlens[0], steps.min(), cu_seqlens[-1], steps.max()]).tolist()
+    stats = torch.stack([cu_seqlens[0], steps.min(), cu_seqlens[-1], steps.max()])
+    first, min_step, last, max_step = stats.tolist()                      # one host sync for all checks
     if first != 0 or min_step < 0:
         raise ValueError(f"cu_seqlens must start at 0 and never decrease; got first={first}, "
                          f"smallest step={min_step}")
