@@ -45,8 +45,8 @@ from ._triton import next_power_of_2
 CASTING_MODES = ("llama", "gemma")
 
 # Largest row block one program holds in registers. Forward: 16384 columns on 16 warps are 32 fp32 values
-# of s and 32 of w' per thread, well inside the 128 registers a thread may use at 512 threads. Backward:
-# s, dy, w' and the dw accumulator per column, so half as many columns (4 x 16 values per thread). Wider
+# of s and 32 of w' per thread, inside the 128 registers a thread may use at 512 threads (116 used, no
+# spills, ptxas sm_90). Backward: s, dy, the next row, w' and dw per column, so half as many. Wider
 # rows (e.g. 65536) loop over column blocks: registers stay bounded (a 65536-wide block would need 64+
 # fp32 values per thread on 32 warps, whose limit is 64 registers: it spills), the price is a second
 # read of the row, which the forward finds in L2 (one 128 KiB bf16 row per program).
@@ -55,13 +55,18 @@ MAX_BLOCK_N_BWD = 8192
 # Small rows (QK-norm's head dim 128, hidden 5) are packed BLOCK_M to a program so that a program still
 # moves ~4096 elements (8 KiB bf16): enough bytes in flight per launch, and no grid of 10^6 tiny programs.
 TILE_ELEMENTS = 4096
-# One warp per 512 elements of the tile: 16 per thread, i.e. two 16-byte vectors of bf16 (Liger uses the
-# same ratio: 8 warps for 4096 columns). Capped at 16 warps (see MAX_BLOCK_N_FWD).
-ELEMENTS_PER_WARP = 512
-MAX_WARPS = 16
-# Backward programs per SM: 32 resident warps (half of an SM's 64) hide load latency; more programs only
-# grow the fp32 dw partial buffer that has to be summed afterwards.
-BWD_WARPS_PER_SM = 32
+# Forward: one warp per 512 elements of the tile, 16 per thread, i.e. two 16-byte vectors of bf16 (Liger
+# uses the same ratio: 8 warps for 4096 columns), at most 16 warps (see MAX_BLOCK_N_FWD).
+# Backward: it holds ~2.5x more per column (s, dy, the prefetched next row, w', dw), so the register file
+# fits one program per SM at hidden >= 4096 whatever the warp count. Measured on an H200 (bf16, % of copy
+# bandwidth): 8 warps at 4096 columns (RMSNorm bwd 74% vs 63% with 16); at 8192 RMSNorm is best on 32
+# warps (92% vs 87% on 16), LayerNorm (one more accumulator, db) on 16 (79% vs 55% on 32, where it spills).
+FWD_ELEMENTS_PER_WARP, FWD_MAX_WARPS = 512, 16
+BWD_ELEMENTS_PER_WARP, BWD_RMS_WIDE_ELEMENTS_PER_WARP, BWD_MAX_WARPS = 512, 256, 32
+# Backward programs per SM, counted in warps: 8 programs of 8 warps (4096 columns), 2 of 32 (8192). Those
+# beyond the resident one queue behind it and even out the tail (measured: 74% at 64 warps per SM vs
+# 61-68% at 32 or 128); more would only grow the fp32 dw partial buffer summed afterwards.
+BWD_WARPS_PER_SM = 64
 INTERPRETER_BWD_PROGRAMS = 4  # in the interpreter: a few programs, each looping over several rows
 
 
@@ -173,24 +178,28 @@ def _norm_fwd_kernel(
 
 
 @triton.jit
-def _load_x_hat_g(S, DY, W, MEAN, RSTD, o_m, o_n, m_m, m_n, stride_s_row, stride_dy_row, offset,
-                  IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr):
-    """Recompute x_hat from the saved s, rstd (and mu); g = dy * (offset + w). All fp32 [BLOCK_M, BLOCK_N],
-    0 outside the mask."""
-    mask = m_m[:, None] & m_n[None, :]
-    s = tl.load(S + o_m[:, None] * stride_s_row + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(DY + o_m[:, None] * stride_dy_row + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.load(RSTD + o_m, mask=m_m, other=0.0)                            # [BLOCK_M]
+def _x_hat_g(s, dy, w, MEAN, RSTD, o_m, m_m, mask, IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+    """Recompute x_hat from the loaded s and the saved rstd (and mu); g = dy * (offset + w). fp32
+    [BLOCK_M, BLOCK_N], 0 outside the mask; rstd [BLOCK_M]."""
+    rstd = tl.load(RSTD + o_m, mask=m_m, other=0.0)
+    s = s.to(tl.float32)
     if IS_RMS:
         x_hat = s * rstd[:, None]
     else:
         mean = tl.load(MEAN + o_m, mask=m_m, other=0.0)
         x_hat = tl.where(mask, (s - mean[:, None]) * rstd[:, None], 0.0)
-    g = dy
-    if HAS_WEIGHT:
-        w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset      # [BLOCK_N]
-        g = dy * w[None, :]
+    dy = dy.to(tl.float32)
+    g = dy * w[None, :] if HAS_WEIGHT else dy
     return x_hat, g, dy, rstd
+
+
+@triton.jit
+def _load_weight(W, o_n, m_n, offset, HAS_WEIGHT: tl.constexpr):
+    """offset + w as fp32 [BLOCK_N] (0 when there is no weight: then it is never used)."""
+    if HAS_WEIGHT:
+        return tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset
+    else:
+        return tl.zeros(o_n.shape, dtype=tl.float32)
 
 
 @triton.jit
@@ -209,8 +218,12 @@ def _norm_bwd_row_sums_kernel(
     c1 = tl.zeros([BLOCK_M], dtype=tl.float32)
     c2 = tl.zeros([BLOCK_M], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK_N):
-        x_hat, g, dy, rstd = _load_x_hat_g(S, DY, W, MEAN, RSTD, o_m, start + o_n, m_m, start + o_n < n_cols,
-                                           stride_s_row, stride_dy_row, offset, IS_RMS, HAS_WEIGHT)
+        m_n = start + o_n < n_cols
+        mask = m_m[:, None] & m_n[None, :]
+        s = tl.load(S + o_m[:, None] * stride_s_row + (start + o_n)[None, :], mask=mask, other=0.0)
+        dy = tl.load(DY + o_m[:, None] * stride_dy_row + (start + o_n)[None, :], mask=mask, other=0.0)
+        w = _load_weight(W, start + o_n, m_n, offset, HAS_WEIGHT)
+        x_hat, g, dy, rstd = _x_hat_g(s, dy, w, MEAN, RSTD, o_m, m_m, mask, IS_RMS, HAS_WEIGHT)
         c1 += tl.sum(g * x_hat, axis=1)
         c2 += tl.sum(g, axis=1)
     tl.store(ROW_SUMS + 2 * o_m, c1 / n_cols, mask=m_m)
@@ -236,16 +249,27 @@ def _norm_bwd_kernel(
     i_n = tl.program_id(1)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)                                # [BLOCK_N]
     m_n = o_n < n_cols
+    w = _load_weight(W, o_n, m_n, offset, HAS_WEIGHT)                         # [BLOCK_N], loaded once
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     db = tl.zeros([BLOCK_N], dtype=tl.float32)
     row_start = i_p * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
+    # Software pipelining by hand: the loads of the next row block are issued before this one is
+    # computed, so memory stays busy while the row sums and dx are computed.
+    o_m = (row_start + tl.arange(0, BLOCK_M)).to(tl.int64)                      # [BLOCK_M]
+    mask = (o_m < row_end)[:, None] & m_n[None, :]
+    s_next = tl.load(S + o_m[:, None] * stride_s_row + o_n[None, :], mask=mask, other=0.0)
+    dy_next = tl.load(DY + o_m[:, None] * stride_dy_row + o_n[None, :], mask=mask, other=0.0)
     for r0 in range(row_start, row_end, BLOCK_M):
         o_m = (r0 + tl.arange(0, BLOCK_M)).to(tl.int64)                        # [BLOCK_M]
         m_m = o_m < row_end
         mask = m_m[:, None] & m_n[None, :]
-        x_hat, g, dy, rstd = _load_x_hat_g(S, DY, W, MEAN, RSTD, o_m, o_n, m_m, m_n, stride_s_row,
-                                           stride_dy_row, offset, IS_RMS, HAS_WEIGHT)
+        s, dy = s_next, dy_next
+        o_next = o_m + BLOCK_M
+        m_next = (o_next < row_end)[:, None] & m_n[None, :]
+        s_next = tl.load(S + o_next[:, None] * stride_s_row + o_n[None, :], mask=m_next, other=0.0)
+        dy_next = tl.load(DY + o_next[:, None] * stride_dy_row + o_n[None, :], mask=m_next, other=0.0)
+        x_hat, g, dy, rstd = _x_hat_g(s, dy, w, MEAN, RSTD, o_m, m_m, mask, IS_RMS, HAS_WEIGHT)
         if ONE_BLOCK:
             c1 = tl.sum(g * x_hat, axis=1) / n_cols                            # mean(g x_hat) [BLOCK_M]
             c2 = tl.sum(g, axis=1) / n_cols                                    # mean(g), LayerNorm only
@@ -277,12 +301,16 @@ def _norm_bwd_kernel(
 # Launchers (2-D inputs (n_rows, n_cols) with a contiguous last dim, any row stride)
 # ----------------------------------------------------------------------------------------------------
 
-def _launch_config(n_rows: int, n_cols: int, max_block_n: int) -> tuple[int, int, int]:
+def _launch_config(n_rows: int, n_cols: int, max_block_n: int, per_warp: int, max_warps: int,
+                   wide_per_warp: int = 0) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps): block = next_pow2(hidden) up to the cap, rows per program so a
     program holds ~TILE_ELEMENTS, warps from the tile size."""
     block_n = min(next_power_of_2(n_cols), max_block_n)
     block_m = max(1, min(TILE_ELEMENTS // block_n, next_power_of_2(n_rows)))
-    num_warps = min(MAX_WARPS, max(1, block_m * block_n // ELEMENTS_PER_WARP))
+    tile = block_m * block_n
+    if wide_per_warp and tile > TILE_ELEMENTS:
+        per_warp = wide_per_warp
+    num_warps = min(max_warps, max(1, tile // per_warp))
     return block_m, block_n, num_warps
 
 
@@ -318,7 +346,8 @@ def _norm_forward(x, residual, weight, bias, eps, offset, *, is_rms, llama_casti
     mean = None if is_rms else _alloc(n_rows, dtype=torch.float32, device=x.device)
     if n_rows == 0:
         return y, s, mean, rstd
-    block_m, block_n, num_warps = _launch_config(n_rows, n_cols, MAX_BLOCK_N_FWD)
+    block_m, block_n, num_warps = _launch_config(n_rows, n_cols, MAX_BLOCK_N_FWD, FWD_ELEMENTS_PER_WARP,
+                                                 FWD_MAX_WARPS)
     dummy = x  # stands in for absent optional tensors; the kernel never touches it (HAS_* is False)
     _norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
         x, dummy if residual is None else residual, dummy if weight is None else weight,
@@ -337,7 +366,8 @@ def _norm_backward(dy, dsum, s, weight, bias, mean, rstd, offset, *, is_rms, lla
     n_rows, n_cols = s.shape
     device = s.device
     dx = _alloc((n_rows, n_cols), dtype=s.dtype, device=device)
-    block_m, block_n, num_warps = _launch_config(n_rows, n_cols, MAX_BLOCK_N_BWD)
+    block_m, block_n, num_warps = _launch_config(n_rows, n_cols, MAX_BLOCK_N_BWD, BWD_ELEMENTS_PER_WARP,
+                                                 BWD_MAX_WARPS, BWD_RMS_WIDE_ELEMENTS_PER_WARP if is_rms else 0)
     n_col_blocks = triton.cdiv(n_cols, block_n)
     # Enough row programs to fill the GPU, each looping over a contiguous run of rows (a multiple of
     # BLOCK_M) and keeping its dw / db partial in registers.
