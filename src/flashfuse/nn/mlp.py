@@ -1,0 +1,93 @@
+"""MLP modules on flashfuse's epilogue-fused matmuls, drop-ins for HF / timm MLP blocks.
+
+Parameter names match the modules they replace, so their state dicts load unchanged:
+``SwiGLUMLP`` / ``GeGLUMLP``: ``gate_proj``, ``up_proj``, ``down_proj`` (HF LlamaMLP, MistralMLP, Qwen2MLP,
+GemmaMLP); ``FusedMLP``: ``fc1``, ``fc2`` (timm / ViT / DiT ``Mlp``; GPT-2's Conv1D weights are the
+transposes: ``fc1.weight = c_fc.weight.t()``).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..ops.matmul import GATED_ACTIVATIONS, fused_mlp, gated_mlp
+
+_PLAIN = ("gelu", "gelu_tanh", "silu", "relu")
+
+
+class _GatedMLP(nn.Module):
+    activation: str
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device=None, dtype=None):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        kw = dict(bias=bias, device=device, dtype=dtype)
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+
+    def forward(self, x):
+        return gated_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, self.activation,
+                         gate_bias=self.gate_proj.bias, up_bias=self.up_proj.bias, down_bias=self.down_proj.bias)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"
+
+
+class SwiGLUMLP(_GatedMLP):
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))``: HF LlamaMLP / MistralMLP / Qwen2MLP.
+
+    x (..., hidden_size) -> (..., hidden_size). Example::
+
+        mlp = SwiGLUMLP(4096, 14336, device="cuda", dtype=torch.bfloat16)
+        mlp.load_state_dict(llama_layer.mlp.state_dict())
+    """
+
+    activation = "swiglu"
+
+
+class GeGLUMLP(_GatedMLP):
+    """``down_proj(gelu(gate_proj(x)) * up_proj(x))``: HF GemmaMLP (approximate="tanh", Gemma's
+    gelu_pytorch_tanh) or the erf GELU (approximate="none").
+
+    Example::
+
+        mlp = GeGLUMLP(3072, 24576, approximate="tanh", device="cuda", dtype=torch.bfloat16)
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, approximate: str = "tanh", bias: bool = False,
+                 device=None, dtype=None):
+        if approximate not in ("tanh", "none"):
+            raise ValueError(f"approximate is {approximate!r}; supported: 'tanh', 'none'")
+        super().__init__(hidden_size, intermediate_size, bias, device, dtype)
+        self.approximate = approximate
+        self.activation = "geglu_tanh" if approximate == "tanh" else "geglu"
+
+
+class FusedMLP(nn.Module):
+    """``fc2(act(fc1(x)))`` with the bias and activation in fc1's matmul epilogue (one op, fwd + bwd).
+
+    in_features -> hidden_features -> out_features (default in_features); activation in "gelu",
+    "gelu_tanh" (GPT-2's gelu_new), "silu", "relu". Example::
+
+        mlp = FusedMLP(768, 3072, activation="gelu_tanh", device="cuda", dtype=torch.bfloat16)
+        y = mlp(torch.randn(8, 1024, 768, device="cuda", dtype=torch.bfloat16))
+    """
+
+    def __init__(self, in_features: int, hidden_features: int, out_features: int | None = None,
+                 activation: str = "gelu_tanh", bias: bool = True, device=None, dtype=None):
+        super().__init__()
+        if activation not in _PLAIN:
+            hint = " (gated ones: use SwiGLUMLP / GeGLUMLP)" if activation in GATED_ACTIVATIONS else ""
+            raise ValueError(f"activation is {activation!r}; supported: {', '.join(map(repr, _PLAIN))}{hint}")
+        out_features = out_features or in_features
+        self.activation = activation
+        self.fc1 = nn.Linear(in_features, hidden_features, bias=bias, device=device, dtype=dtype)
+        self.fc2 = nn.Linear(hidden_features, out_features, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, x):
+        return fused_mlp(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias, self.activation)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"
