@@ -17,13 +17,33 @@ from .ops.attention.interface import (  # noqa: E402
     flash_attn_varlen_qkvpacked_func,
     scaled_dot_product_attention,
 )
+from .ops.cross_entropy import cross_entropy, fused_linear_cross_entropy  # noqa: E402
+from .ops.glu import geglu, swiglu  # noqa: E402
+from .ops.matmul import fused_mlp, gated_mlp, linear  # noqa: E402
+from .ops.norm import layer_norm, rms_norm  # noqa: E402
+from .ops.rope import apply_rotary_emb, apply_rotary_pos_emb  # noqa: E402
+from .integrations import patch_transformers, patched, unpatch_transformers  # noqa: E402  (no transformers import)
 
 __all__ = [
+    "apply_rotary_emb",
+    "apply_rotary_pos_emb",
+    "cross_entropy",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "fused_linear_cross_entropy",
+    "fused_mlp",
+    "gated_mlp",
+    "geglu",
+    "layer_norm",
+    "linear",
+    "patch_transformers",
+    "patched",
+    "rms_norm",
     "scaled_dot_product_attention",
+    "swiglu",
+    "unpatch_transformers",
 ]
