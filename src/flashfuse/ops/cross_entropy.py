@@ -11,7 +11,7 @@ including the "mean" of a batch whose rows are all ignored: 0 / 0 = nan (gradien
 fused_linear_cross_entropy (lm_head + loss, the Liger design): for each chunk of tokens,
     logits = hidden_chunk @ weight^T (+ bias)            cuBLAS, (chunk, V) in hidden's dtype
     one Triton program per row: lse, loss, then dloss/dlogits written over the logits in place
-    grad_hidden_chunk = dlogits @ weight                  cuBLAS
+    grad_hidden_chunk = dlogits @ weight                  cuBLAS, fp32 output
     grad_weight      += dlogits^T @ hidden_chunk          cuBLAS addmm into a buffer of weight's dtype
     grad_bias        += sum over rows of dlogits          fp32
 so the (N, V) logits (4.2 GB in fp32 at N = 8192, V = 128256) and their gradient never exist: the extra
@@ -189,7 +189,8 @@ def fused_linear_cross_entropy_forward(
 ) -> tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
     """Chunked lm_head + cross-entropy. hidden (N, H), weight (V, H), labels (N,), bias (V,) or None.
 
-    Returns (loss (N,) fp32, lse (N,) fp32, grad_hidden (N, H), grad_weight (V, H), grad_bias (V,)), the
+    Returns (loss (N,) fp32, lse (N,) fp32, grad_hidden (N, H) fp32, grad_weight (V, H), grad_bias (V,) fp32),
+    the
     gradients of sum_i scale * row_scale[i] * loss_i (None where not asked for). With lse given (saved
     by a forward), the loss is not recomputed and loss is returned empty.
     """
@@ -200,12 +201,15 @@ def fused_linear_cross_entropy_forward(
     if recompute:
         lse = hidden.new_empty(n_rows, dtype=torch.float32)
     any_grad = grad_hidden or grad_weight or grad_bias
-    d_hidden = torch.empty_like(hidden, memory_format=torch.contiguous_format) if grad_hidden else None
+    # grad_hidden stays fp32 (N * H * 4 bytes, small) so the backward's scaling by grad_output rounds to
+    # hidden's dtype once, as the unfused path does (measured: bf16 error 5.1e-3 -> HF's 2.8e-3).
+    d_hidden = hidden.new_empty(hidden.shape, dtype=torch.float32) if grad_hidden else None
     # grad_weight accumulates in weight's dtype with cuBLAS addmm (fp32 accumulation inside each GEMM,
     # one rounding per chunk). An fp32 accumulator would be more exact but costs twice the memory
     # (2.1 GB at V = 128256, H = 4096, plus the final cast: the memory bar is 1/4 of the fp32 logits
     # path) and twice the accumulator traffic per chunk; with chunks of >= 1024 rows a batch of 8192
-    # tokens rounds 8 times (error about 2x one bf16 rounding, measured in the GPU tier).
+    # tokens rounds 8 times, and once more when the backward scales it by a grad_output that is not a
+    # power of 2 (bf16: 4.3e-3 .. 5.6e-3 relative error vs HF's 2.9e-3, measured in the GPU tier).
     d_weight = weight.new_empty(weight.shape) if grad_weight else None
     d_bias = torch.zeros(vocab, dtype=torch.float32, device=hidden.device) if grad_bias else None
     chunk = chunk_size if chunk_size > 0 else default_chunk_size(n_rows, hidden_size, vocab)
@@ -218,7 +222,7 @@ def fused_linear_cross_entropy_forward(
                            lse=lse[start:end], grad=logits if any_grad else None, scale=scale,
                            row_scale=None if row_scale is None else row_scale[start:end], **options)
         if grad_hidden:
-            torch.mm(logits, weight, out=d_hidden[start:end])
+            _mm_fp32(logits, weight, out=d_hidden[start:end])
         if grad_weight:  # beta=0 on the first chunk: the uninitialized buffer is ignored, not read
             d_weight.addmm_(logits.t(), h, beta=0.0 if i == 0 else 1.0)
         if grad_bias:
@@ -226,6 +230,17 @@ def fused_linear_cross_entropy_forward(
     if grad_weight and n_rows == 0:
         d_weight.zero_()
     return loss, lse, d_hidden, d_weight, d_bias
+
+
+def _mm_fp32(a: Tensor, b: Tensor, out: Tensor) -> None:
+    """out (fp32) = a @ b with fp32 accumulation and one rounding, for 16-bit a, b too (cuBLAS out_dtype;
+    torch has no CPU kernel for that, so the CPU tier multiplies exact fp32 upcasts)."""
+    if a.dtype == torch.float32:
+        torch.mm(a, b, out=out)
+    elif a.is_cuda:
+        torch.mm(a, b, out_dtype=torch.float32, out=out)
+    else:
+        torch.mm(a.float(), b.float(), out=out)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -274,7 +289,7 @@ def _(hidden, weight, labels, bias, ignore_index, reduction, label_smoothing, so
     f32 = torch.float32
     loss = hidden.new_empty(n if reduction == "none" else (), dtype=f32)
     want = reduction != "none"
-    dh = hidden.new_empty(hidden.shape) if grad_hidden and want else _empty(hidden)
+    dh = hidden.new_empty(hidden.shape, dtype=f32) if grad_hidden and want else _empty(hidden)
     dw = weight.new_empty(weight.shape) if grad_weight and want else _empty(hidden)
     db = hidden.new_empty(weight.shape[0], dtype=f32) if grad_bias and want else _empty(hidden)
     return loss, hidden.new_empty(n, dtype=f32), dh, dw, db
@@ -291,6 +306,7 @@ def _flce_bwd_none_op(grad_loss: Tensor, hidden: Tensor, weight: Tensor, labels:
         hidden, weight, labels, bias, ignore_index=ignore_index, label_smoothing=label_smoothing,
         softcap=softcap, grad_hidden=grad_hidden, grad_weight=grad_weight, grad_bias=grad_bias,
         row_scale=grad_loss.float(), lse=lse, chunk_size=chunk_size)
+    dh = dh.to(hidden.dtype) if dh is not None else None
     return tuple(g if g is not None else _empty(hidden) for g in (dh, dw, db))
 
 
@@ -311,7 +327,7 @@ def _flce_setup(ctx, inputs, output):
         ctx.save_for_backward(hidden, weight, labels, lse, bias)
     else:
         ctx.save_for_backward(dh, dw, db)
-    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.hidden_dtype, ctx.bias_dtype = hidden.dtype, None if bias is None else bias.dtype
     ctx.mark_non_differentiable(lse, dh, dw, db)
 
 
@@ -331,6 +347,7 @@ def _flce_backward(ctx, grad_loss, *_):
         inplace = type(grad_loss) is torch.Tensor and not torch.compiler.is_compiling()
         dh, dw, db = ((g.mul_(grad_loss) if inplace else g * grad_loss) if flag else g
                       for g, flag in zip((dh, dw, db), ctx.flags))
+        dh = dh.to(ctx.hidden_dtype)     # fp32 until here: one rounding (grad_weight: see the forward)
     grads = [g if flag else None for g, flag in zip((dh, dw, db), ctx.flags)]
     if grads[2] is not None:
         grads[2] = grads[2].to(ctx.bias_dtype)
