@@ -266,27 +266,28 @@ def test_generate_matches():
 
 
 def test_optimizer_built_before_patching_trains_same_curve():
-    """20 AdamW steps on synthetic next-token data; the optimizer is built before patching."""
-    torch.manual_seed(0)
-    ref_model = build("llama")
+    """20 AdamW steps of a one-layer Llama on a learnable synthetic stream (each row counts up from a random
+    token), patched vs unpatched; the optimizers are built before patching. Tiny: every step runs all the
+    patched kernels, forward and backward, in the interpreter."""
+    config = transformers.LlamaConfig(**dict(COMMON, num_hidden_layers=1))
+    ref_model = transformers.LlamaForCausalLM(config)
+    ref_model.set_attn_implementation("eager")
     model = copy.deepcopy(ref_model)
-    ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=3e-3)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     patch_transformers(model)
     ref_model.train(), model.train()
-    # a learnable stream: each sequence counts up from a random start
-    start = torch.randint(3, VOCAB, (2, 1))
-    ids = (start + torch.arange(8)) % (VOCAB - 3) + 3
+    ids = (torch.randint(3, VOCAB, (2, 1)) + torch.arange(6)) % (VOCAB - 3) + 3
     losses, ref_losses = [], []
     for _ in range(20):
-        for m, o, out in ((ref_model, ref_opt, ref_losses), (model, opt, losses)):
+        for m, o, curve in ((ref_model, ref_opt, ref_losses), (model, opt, losses)):
             o.zero_grad()
             loss = m(ids, labels=ids).loss
             loss.backward()
             o.step()
-            out.append(loss.item())
+            curve.append(loss.item())
     ref_losses, losses = torch.tensor(ref_losses), torch.tensor(losses)
-    assert ref_losses[-1] < 0.7 * ref_losses[0]  # it learns
+    assert ref_losses[-1] < 0.5 * ref_losses[0]  # it learns
     assert ((losses - ref_losses).abs() / ref_losses).max() < 2e-3
     unpatch_transformers(model)
     assert all(p is q for p, q in zip(model.parameters(), opt.param_groups[0]["params"]))

@@ -31,9 +31,9 @@ What the patch does (flags of `patch_transformers`, all on by default):
   the name from its module globals, so rebinding the module attribute reroutes every call. This is
   process-wide for that modeling module (reference counted: the original comes back when the last patched
   model of the family is unpatched); the drop-in computes the same function. GPT-2 has absolute positions.
-- ``attention``: registers flashfuse with transformers' attention interface and sets the model's
-  implementation to ``"flashfuse"`` (through the config, see `_set_attn_implementation`); unpatch restores the
-  previous one.
+- ``attention``: registers flashfuse with transformers' attention interface (`register_transformers_attention`)
+  and sets the model's implementation to ``"flashfuse"`` with ``model.set_attn_implementation``; unpatch
+  restores the previous one.
 - ``cross_entropy``: the causal-LM instance gets one generic forward (the same for every family). In training
   mode with ``labels`` and transformers' default causal-LM loss, it runs the base model,
   slices the hidden states with ``logits_to_keep`` and computes
@@ -262,7 +262,6 @@ def _build_mlp(old: nn.Module, spec: _Mlp) -> nn.Module | None:
 # ----------------------------------------------------------------------------------------------------------
 
 _STATE = "_flashfuse_patch"
-_ATTENTION = "flashfuse"  # the name register_transformers_attention registers
 # (module name, attribute) -> [original function, number of patched models using the replacement]
 _FUNCTION_PATCHES: dict[tuple[str, str], list] = {}
 
@@ -370,17 +369,10 @@ def _restore_function(key: tuple[str, str]) -> None:
 def _patch_attention(model: nn.Module, state: _PatchState) -> None:
     from .hf_attention import register_transformers_attention
 
-    register_transformers_attention()
-    state.attn_implementation = model.config._attn_implementation
-    _set_attn_implementation(model, _ATTENTION)
-
-
-def _set_attn_implementation(model: nn.Module, name: str) -> None:
-    # Not model.set_attn_implementation: transformers takes every name containing "flash" for a flash-attn build
-    # (is_flash_attention_requested is a substring test) and tries to import one, which fails for "flashfuse".
-    # The config setter (5.17 and 5.23) switches the dispatch without that check, sub-configs included; the
-    # attention modules of every family read config._attn_implementation at call time.
-    model.config._attn_implementation = name
+    name = register_transformers_attention()
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    state.attn_implementation = previous
 
 
 def _patch_forward(model: nn.Module, families: list[_Family], state: _PatchState) -> None:
@@ -403,7 +395,7 @@ def _restore(model: nn.Module, state: _PatchState) -> None:
         else:
             model.__dict__.pop("forward", None)
     if state.attn_implementation is not None:
-        _set_attn_implementation(model, state.attn_implementation)
+        model.set_attn_implementation(state.attn_implementation)
     for key in reversed(state.functions):
         _restore_function(key)
     for parent, name, old, new in reversed(state.modules):

@@ -2,12 +2,16 @@
 unchanged."""
 
 from .loss import FusedLinearCrossEntropyLoss
+from .mlp import FusedMLP, GeGLUMLP, SwiGLUMLP
 from .norm import LayerNorm, RMSNorm
 from .rope import RotaryEmbedding
 
 __all__ = [
     "FusedLinearCrossEntropyLoss",
+    "FusedMLP",
+    "GeGLUMLP",
     "LayerNorm",
     "RMSNorm",
     "RotaryEmbedding",
+    "SwiGLUMLP",
 ]
