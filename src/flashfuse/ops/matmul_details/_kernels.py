@@ -369,14 +369,24 @@ CONFIGS_FP32 = [                   # tf32x3: three tensor-core products per dot;
 CONFIGS_FP32_SMALL = [             # gated / backward fp32: the hi/lo tf32 splits need registers too
     _config(64, 64, 32, 4, 3),
 ]
+# Plain-pointer path (rows not 16-byte aligned, so no TMA): each load needs a [rows, BLOCK_K] tensor of
+# addresses and masks in registers; only 8-warp configs stay free of spills there.
+CONFIGS_POINTER = [_config(128, 128, 64, 8, 4)]
+CONFIGS_POINTER_SMALL = [_config(128, 64, 64, 8, 3)]      # gated / backward
+CONFIGS_POINTER_FP32 = [_config(128, 128, 32, 8, 3)]
+CONFIGS_POINTER_FP32_SMALL = [_config(64, 64, 32, 8, 3)]
 # The interpreter runs one deterministic small config: 32 rows/cols keep numpy fast and still give
 # several tiles and K steps on the tests' odd shapes.
 INTERPRETER_CONFIG = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, EPILOGUE_SPLIT=True, num_warps=4,
                           num_stages=1)
 
 
-def configs_for(dtype: torch.dtype, gated: bool, backward: bool) -> list:
+def configs_for(dtype: torch.dtype, gated: bool, backward: bool, tma: bool = True) -> list:
     """The autotuner's candidates for one kernel variant (also what the offline compile check builds)."""
+    if not tma:
+        if dtype == torch.float32:
+            return CONFIGS_POINTER_FP32_SMALL if gated or backward else CONFIGS_POINTER_FP32
+        return CONFIGS_POINTER_SMALL if gated or backward else CONFIGS_POINTER
     if dtype == torch.float32:
         return CONFIGS_FP32_SMALL if gated or backward else CONFIGS_FP32
     if backward:
@@ -385,13 +395,13 @@ def configs_for(dtype: torch.dtype, gated: bool, backward: bool) -> list:
 
 
 def _prune(configs, named_args, **kwargs):
-    wanted = configs_for(named_args["x_ptr"].dtype, kwargs["GATED"], kwargs["BACKWARD"])
+    wanted = configs_for(named_args["x_ptr"].dtype, kwargs["GATED"], kwargs["BACKWARD"], kwargs["USE_TMA"])
     return [c for c in configs if any(c is w for w in wanted)]
 
 
 _linear_tuned = triton.autotune(
-    configs=(CONFIGS_16BIT + CONFIGS_16BIT_GATED + CONFIGS_16BIT_BACKWARD + CONFIGS_FP32
-             + CONFIGS_FP32_SMALL),
+    configs=(CONFIGS_16BIT + CONFIGS_16BIT_GATED + CONFIGS_16BIT_BACKWARD + CONFIGS_FP32 + CONFIGS_FP32_SMALL
+             + CONFIGS_POINTER + CONFIGS_POINTER_SMALL + CONFIGS_POINTER_FP32 + CONFIGS_POINTER_FP32_SMALL),
     # M_BUCKET (next power of 2 of M), not M: a new token count re-tunes only when it crosses a power of 2
     key=["M_BUCKET", "N", "K", "ACTIVATION", "GATED", "BACKWARD", "USE_TMA", "W_K_CONTIGUOUS", "USE_TMA_OUT"],
     prune_configs_by={"early_config_prune": _prune},
@@ -452,7 +462,8 @@ def _launch(x, w, wu, bias, bias_up, out, pre, pre_up, dpre, dpre_up, *, activat
             out.stride(0), pre.stride(0) if pre is not None else 0, dpre.stride(0) if dpre is not None else 0)
     flags = dict(ACTIVATION=activation, GATED=gated, HAS_BIAS=bias is not None,
                  HAS_BIAS_UP=bias_up is not None, SAVE_PRE=save_pre, BACKWARD=backward, USE_TMA=use_tma,
-                 W_K_CONTIGUOUS=w_k_contiguous, USE_TMA_OUT=use_tma_out, FLATTEN=FLATTEN and not INTERPRET)
+                 W_K_CONTIGUOUS=w_k_contiguous, USE_TMA_OUT=use_tma_out,
+                 FLATTEN=FLATTEN and use_tma and not INTERPRET)  # flattened pointer loops spill (compile check)
 
     def grid(meta):
         tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
