@@ -19,10 +19,11 @@ pytestmark = pytest.mark.gpu
 BF16, F16 = torch.bfloat16, torch.float16
 LLAMA3_VOCAB = 128256
 # Absolute ceilings on the relative error, by dtype: the logits and dlogits are rounded to 16 bits (bf16
-# 2^-9, fp16 2^-11 per element) and grad_weight once per chunk of 1024 tokens. fp16 is not much better
-# than bf16 here: "mean" dlogits are softmax / N ~ 1e-8, below fp16's normal range (6e-5), so they lose
-# bits as subnormals (the HF-style path loses the same: 5.8e-3 measured at 2053 x 1024 x 50257).
-REL = {BF16: 2e-2, F16: 2e-2}
+# 2^-9, fp16 2^-11 per element) and grad_weight once per chunk of 1024 tokens. fp16 is worse than bf16
+# here: "mean" dlogits are softmax / N ~ 1e-8, below fp16's normal range (6e-5), so they lose bits as
+# subnormals; the HF-style path loses the same (measured at 2053 x 1024 x 50257, fp16, "mean": grad_hidden
+# 5.8e-3, grad_bias 3.6e-2; flashfuse 7.6e-3 and 4.5e-2). The 2x-HF criterion below is the real guard.
+REL = {BF16: 2e-2, F16: 5e-2}
 
 
 @pytest.fixture(autouse=True)
