@@ -17,6 +17,12 @@ Two registrations, both under the name "flashfuse":
   with the last keys) and otherwise the dense boolean (batch, 1, seqlen_q, seqlen_k) mask that transformers'
   ``sdpa_mask`` builds (padding, static caches, packed sequences, chunked or custom patterns).
 
+A third, smaller hook: transformers treats every implementation name containing "flash" as a flash-attention
+kernel to load from the hub when a model is built; for "flashfuse" it is handed flashfuse's
+``flash_attn_func`` / ``flash_attn_varlen_func`` instead (see ``_flash_kernels_for``). The same name makes
+transformers take its flash-attention side paths elsewhere (generation with static caches compiles without
+fullgraph; models listing ``_compatible_flash_implementations`` switch to one of those).
+
 The forward then runs one of flashfuse's kernels, GQA natively (key/value heads are never repeated):
 
 - mask ``None``: ``flash_attn_func`` with ``causal`` (bottom-right aligned, right for KV caches) and
@@ -183,7 +189,7 @@ def flashfuse_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
     # (batch, nheads, seqlen, headdim) -> flash layout (batch, seqlen, nheads, headdim): views, no copies.
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     if attention_mask is None:
-        causal = bool(is_causal) and seqlen_q > 1
+        causal = bool(is_causal)                # bottom-right: right for seqlen_q == 1 and for KV caches too
         out = flash_attn_func(q, k, v, dropout_p=dropout, softmax_scale=scale, causal=causal,
                               window_size=_window(sliding_window, causal), softcap=softcap)
     elif softcap == 0.0:

@@ -73,7 +73,8 @@ P9: tl.constexpr = tl.constexpr(_ERFCC[9] * LOG2E)
 # program keeps 8 KiB (bf16) of loads in flight, and an SM holds 8 such programs (64 warps), ~64 KiB,
 # about 3x the bytes-in-flight that HBM3e needs per SM (4.8 TB/s x ~600 ns latency / 132 SMs ~ 22 KB).
 # 2048 also divides the common intermediate sizes (14336 = 7 x 2048, 8192, 28672), so every block is a
-# full, unmasked one there. Measured on an H200, see _launch_config.
+# full, unmasked one there. Measured on an H200 (bf16, 16384 x 14336, SiLU): BLOCK 1024..8192 with 4..16
+# warps all reach 99-102% of copy bandwidth forward and backward, except 1024 with 8 warps (93% forward).
 MAX_BLOCK = 2048
 ELEMENTS_PER_THREAD = 8
 
