@@ -254,6 +254,30 @@ def test_loss_options_match_hf():
     model.train()
     with pytest.raises(ValueError, match="label positions"):
         model(ids, labels=labels, logits_to_keep=4)
+    # a custom loss_function: HF's forward, which calls it on the logits
+    model.loss_function = lambda logits, labels, vocab_size, **kwargs: logits.float().square().mean()
+    out = model(ids, labels=labels)
+    assert rel_err(out.loss, ref.train()(ids).logits.square().mean()) < 1e-4
+
+
+def test_compiled_training_step_matches_eager():
+    """torch.compile(fullgraph=True) traces the generic forward (GPT-2: no loss_type, whose warning in HF's
+    loss_function property would break the graph); aot_eager runs the same kernels, so the results agree."""
+    model = patch_transformers(build("gpt2")).train()
+    ids, labels = inputs()
+
+    def step(ids, labels):
+        return model(ids, labels=labels).loss
+
+    eager = step(ids, labels)
+    eager.backward()
+    eager_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)(ids, labels)
+    compiled.backward()
+    assert rel_err(compiled, eager) < 1e-6
+    for p, g in zip(model.parameters(), eager_grads):
+        assert rel_err(p.grad, g) < 1e-6
 
 
 def test_generate_matches():

@@ -35,13 +35,12 @@ What the patch does (flags of `patch_transformers`, all on by default):
   and sets the model's implementation to ``"flashfuse"`` with ``model.set_attn_implementation``; unpatch
   restores the previous one.
 - ``cross_entropy``: the causal-LM instance gets one generic forward (the same for every family). In training
-  mode with ``labels`` and transformers' default causal-LM loss, it runs the base model,
-  slices the hidden states with ``logits_to_keep`` and computes
-  `flashfuse.fused_linear_cross_entropy(hidden, lm_head.weight, shifted labels)` with HF's shift
-  (labels padded with ``ignore_index`` on the right, or ``shift_labels``), ``ignore_index``, ``num_items_in_batch`` (sum / count)
-  and Gemma2's ``final_logit_softcapping``. The (tokens, vocab) logits are never materialized, so the output
-  has ``logits=None`` (as Liger does). Without labels, in eval mode, or with a custom ``loss_function``, the
-  original HF forward runs unchanged.
+  mode with ``labels`` and transformers' default causal-LM loss, it runs the base model, slices the hidden
+  states with ``logits_to_keep`` and computes `flashfuse.fused_linear_cross_entropy(hidden, lm_head.weight,
+  shifted labels)` with HF's shift (labels padded with ``ignore_index`` on the right, or ``shift_labels``),
+  ``ignore_index``, ``num_items_in_batch`` (sum / count) and Gemma2's ``final_logit_softcapping``. The
+  (tokens, vocab) logits are never materialized, so the output has ``logits=None`` (as Liger does). Without
+  labels, in eval mode, or with a custom ``loss_function``, the original HF forward runs unchanged.
 
 Only the table `_FAMILIES` below is per-model; one routine applies it. `unpatch_transformers` restores the
 original module objects (re-attached to the current Parameters), the functions, the attention
@@ -177,8 +176,8 @@ class Conv1DMLP(nn.Module):
         self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = fused_mlp(x, self.c_fc.weight.t(), self.c_fc.bias, self.c_proj.weight.t(), self.c_proj.bias, self.activation)
-        return self.dropout(h)
+        fc1, fc2 = self.c_fc, self.c_proj
+        return self.dropout(fused_mlp(x, fc1.weight.t(), fc1.bias, fc2.weight.t(), fc2.bias, self.activation))
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"
@@ -252,7 +251,8 @@ def _build_mlp(old: nn.Module, spec: _Mlp) -> nn.Module | None:
     if act == "silu":
         new = SwiGLUMLP(gate.in_features, gate.out_features, **kwargs)
     else:
-        new = GeGLUMLP(gate.in_features, gate.out_features, approximate="tanh" if act == "gelu_tanh" else "none", **kwargs)
+        approximate = "tanh" if act == "gelu_tanh" else "none"
+        new = GeGLUMLP(gate.in_features, gate.out_features, approximate=approximate, **kwargs)
     new.gate_proj, new.up_proj, new.down_proj = old.gate_proj, old.up_proj, old.down_proj
     return new
 
@@ -380,9 +380,9 @@ def _patch_forward(model: nn.Module, families: list[_Family], state: _PatchState
     family = rows.get(type(model).__name__)
     if family is None or type(model).__module__ != family.module:
         return  # not a causal LM of the table (e.g. a bare LlamaModel): nothing to fuse
-    from transformers.loss.loss_utils import ForCausalLMLoss
+    from transformers.loss.loss_utils import LOSS_MAPPING
 
-    forward = _make_causal_lm_forward(type(model).forward, family.logit_softcap, ForCausalLMLoss)
+    forward = _make_causal_lm_forward(type(model).forward, family.logit_softcap, LOSS_MAPPING)
     state.forward = ("forward" in model.__dict__, model.__dict__.get("forward"))
     model.forward = types.MethodType(forward, model)
 
@@ -488,7 +488,7 @@ def patched(model: nn.Module, **flags):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _make_causal_lm_forward(original, softcap_attr, causal_lm_loss):
+def _make_causal_lm_forward(original, softcap_attr, loss_mapping):
     """The generic forward, to bind to a model as a method (a bound method deep-copies with its model). The
     signature is read once here, not per call, which keeps the call path plain Python for torch.compile;
     ``functools.wraps`` keeps ``inspect.signature(model.forward)`` equal to HF's (``generate`` validates its
@@ -500,6 +500,8 @@ def _make_causal_lm_forward(original, softcap_attr, causal_lm_loss):
         if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     ][1:]  # drop self
     output_cls = signature.return_annotation
+    output_fields = [f.name for f in dataclasses.fields(output_cls) if f.name not in ("loss", "logits")]
+    causal_lm_loss = loss_mapping["ForCausalLM"]
 
     @functools.wraps(original)
     def forward(self, *args, **kwargs):
@@ -511,7 +513,8 @@ def _make_causal_lm_forward(original, softcap_attr, causal_lm_loss):
             raise TypeError(f"{type(self).__name__}.forward got multiple values for {sorted(duplicated)}")
         arguments.update(kwargs)
         # HF computes a loss only when `labels` is given (`shift_labels`, if also given, then replaces the shift)
-        if not (self.training and arguments.get("labels") is not None) or self.loss_function is not causal_lm_loss:
+        fused = self.training and arguments.get("labels") is not None
+        if not fused or _loss_function(self, loss_mapping) is not causal_lm_loss:
             return original(self, *args, **kwargs)
 
         labels = arguments.pop("labels", None)
@@ -533,12 +536,20 @@ def _make_causal_lm_forward(original, softcap_attr, causal_lm_loss):
             ignore_index=arguments.get("ignore_index", -100),
             num_items_in_batch=arguments.get("num_items_in_batch"),
         )
-        fields = {f.name: getattr(outputs, f.name, None) for f in dataclasses.fields(output_cls)}
-        fields.update(loss=loss, logits=None)
-        output = output_cls(**fields)
+        fields = {name: getattr(outputs, name, None) for name in output_fields}
+        output = output_cls(loss=loss, logits=None, **fields)
         return output if return_dict else output.to_tuple()
 
     return forward
+
+
+def _loss_function(model, loss_mapping):
+    """PreTrainedModel.loss_function without its warning for an unset loss_type (GPT-2's), which breaks
+    torch.compile(fullgraph=True): the user's override, else the loss of model.loss_type, else ForCausalLMLoss."""
+    override = getattr(model, "_loss_function", None)
+    if override is not None:
+        return override
+    return loss_mapping.get(getattr(model, "loss_type", None), loss_mapping["ForCausalLM"])
 
 
 def _slice_logits_to_keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
