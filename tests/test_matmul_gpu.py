@@ -22,8 +22,8 @@ def rel_err(out, ref_out):
 
 
 def run_and_compare(run, reference, inputs, dtype):
-    ours = [None if t is None else t.to(dtype).requires_grad_() for t in inputs]
-    theirs = [None if t is None else t.to(dtype).double().requires_grad_() for t in inputs]
+    ours = [None if t is None else t.to(dtype).detach().requires_grad_() for t in inputs]
+    theirs = [None if t is None else t.to(dtype).detach().double().requires_grad_() for t in inputs]
     out = run(*ours)
     ref_out = reference(*theirs)
     assert out.dtype == dtype and out.shape == ref_out.shape
@@ -101,6 +101,9 @@ def test_gated_mlp_bf16(activation):
 
 
 def test_torch_compile_matches_eager():
+    """fullgraph=True: each layer is one opaque op. Forward outputs are bit-identical (same kernels and
+    tuned configs); gradients where autograd sums two contributions may round differently (eager adds
+    the bf16 partial gradients, Inductor may add them in fp32), so they get bf16's resolution."""
     x = torch.randn(1000, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     wg, wu = (torch.randn(5632, 2048, device="cuda", dtype=torch.bfloat16) / 45 for _ in range(2))
     wd = (torch.randn(2048, 5632, device="cuda", dtype=torch.bfloat16) / 75).requires_grad_()
@@ -108,12 +111,13 @@ def test_torch_compile_matches_eager():
 
     def f(x, wd, w1):
         h = ops.gated_mlp(x, wg, wu, wd, "swiglu")
-        return ops.fused_mlp(h, w1, None, w1.t(), None, "gelu_tanh") + ops.linear(h, w1, None, "relu")[:, :2048]
+        return ops.fused_mlp(h, w1, None, w1.t(), None, "gelu_tanh"), ops.linear(h, w1, None, "relu")
     compiled = torch.compile(f, fullgraph=True)
-    out, out_c = f(x, wd, w1), compiled(x, wd, w1)
-    torch.testing.assert_close(out_c, out)
-    g = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (x, wd, w1), g)
-    grads_c = torch.autograd.grad(out_c, (x, wd, w1), g)
-    for a, b in zip(grads, grads_c):
-        torch.testing.assert_close(a, b)
+    outs, outs_c = f(x, wd, w1), compiled(x, wd, w1)
+    for o, o_c in zip(outs, outs_c):
+        torch.testing.assert_close(o_c, o, rtol=0, atol=0)
+    gs = [torch.randn_like(o) for o in outs]
+    grads = torch.autograd.grad(outs, (x, wd, w1), gs)
+    grads_c = torch.autograd.grad(outs_c, (x, wd, w1), gs)
+    for g, g_c in zip(grads, grads_c):
+        assert rel_err(g_c, g) < 1e-2
