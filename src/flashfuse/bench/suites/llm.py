@@ -109,6 +109,7 @@ class Op:
     modes: tuple = ("fwd", "fwd+bwd")
     traffic: dict | None = None          # mode -> multiple of the main tensor's bytes (memory-bound ops)
     flops: Callable | None = None        # (params, mode) -> FLOPs (matmul ops)
+    prepare: Callable | None = None      # inputs -> call arguments, untimed (e.g. RoPE tables from positions)
 
 
 def _rows(p, dtype, device):
@@ -131,13 +132,22 @@ def _ln_inputs(p, dtype, device):
 
 
 def _rope_inputs(p, dtype, device):
+    """q, k as HF holds them (views of (B, S, H, D)) and the position ids; the cos/sin tables are no
+    differentiable input, so they are built from the positions outside the timed call (``_rope_tables``)."""
     B, S, Hq, Hk, D = p["B"], p["S"], p["Hq"], p["Hk"], p["D"]
-    q = torch.randn(B, S, Hq, D, device=device, dtype=dtype).transpose(1, 2)   # HF: a view of (B, S, H, D)
+    q = torch.randn(B, S, Hq, D, device=device, dtype=dtype).transpose(1, 2)
     k = torch.randn(B, S, Hk, D, device=device, dtype=dtype).transpose(1, 2)
-    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D))
-    freqs = torch.arange(S, device=device, dtype=torch.float32)[:, None] * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)[None].expand(B, S, D)
-    return q, k, emb.cos().to(dtype), emb.sin().to(dtype)
+    return q, k, torch.arange(S, device=device).expand(B, S)
+
+
+def _rope_tables(q, k, position_ids):
+    """HF LlamaRotaryEmbedding (theta 500000): cos/sin (B, S, D) with duplicated halves, in q's dtype."""
+    D = q.shape[-1]
+    with torch.no_grad():
+        inv_freq = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device=q.device, dtype=torch.float64) / D))
+        freqs = position_ids[..., None].double() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return q, k, emb.cos().to(q.dtype), emb.sin().to(q.dtype)
 
 
 def _glu_inputs(p, dtype, device):
@@ -189,7 +199,7 @@ OPS: dict[str, Op] = {
     # q and k read and written once (cos/sin are 1/(Hq+Hk) of that and are not counted).
     "rope": Op(_rope_inputs, rope_eager, _ff("rope", "apply_rotary_pos_emb"), _liger("liger_rope"),
                (dict(B=4, S=4096, Hq=32, Hk=8, D=128),), (dict(B=2, S=5, Hq=4, Hk=2, D=16),),
-               traffic={"fwd": 2, "fwd+bwd": 4}),
+               traffic={"fwd": 2, "fwd+bwd": 4}, prepare=_rope_tables),
     # gate, up -> out: fwd reads 2 writes 1; backward reads gate, up, dout, writes dgate, dup.
     "swiglu": Op(_glu_inputs, swiglu_eager, _ff("glu", "swiglu"), _liger("liger_swiglu"),
                  (dict(M=16384, N=14336),), (dict(M=37, N=123),), traffic={"fwd": 3, "fwd+bwd": 8}),
@@ -232,6 +242,8 @@ _COMPILED: dict = {}
 def _provider(which: str):
     def factory(case: Case, *inputs):
         op = OPS[case.params["op"]]
+        if op.prepare is not None:
+            inputs = op.prepare(*inputs)
         if which == "eager":
             fn = op.eager
         elif which == "compile":
@@ -298,7 +310,8 @@ class LLM(Suite):
         return OPS[case.params["op"]].inputs(case.params, case.dtype, device)
 
     def reference(self, case, *inputs):
-        return OPS[case.params["op"]].eager(*inputs)
+        op = OPS[case.params["op"]]
+        return op.eager(*(op.prepare(*inputs) if op.prepare else inputs))
 
     def check_case(self, case):
         """Norm/GLU/RoPE rows check at full size (cheap); matmul-like ones on fewer tokens."""
