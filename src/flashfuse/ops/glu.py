@@ -109,6 +109,8 @@ ELEMENTS_PER_THREAD = 8
 # - Phi(g) = erfc(-g / sqrt 2) / 2 by Numerical Recipes' erfcc, branch-free: fractional error < 1.2e-7
 #   everywhere plus fp32 rounding of the exponent (|g|^2 / 2 * 2^-24 relative: 3e-6 at g = -5), more
 #   accurate in the left tail than fp32 (1 + erf(g / sqrt 2)) / 2, which cancels there.
+# With these, every activation measured 100-102% of copy bandwidth forward and 95-102% backward (same
+# H200, same shape; gate/up as halves of a fused projection or as separate contiguous tensors).
 # act(g) is recomputed from g in the backward (never saved). Module constants multiply tensors from the
 # right (tensor * CONST): in triton 3.9's interpreter, CONST * tensor passed on to a jitted function fails.
 
