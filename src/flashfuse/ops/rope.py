@@ -42,36 +42,49 @@ MAX_GRID_BATCH = 65535        # CUDA's limit on grid dim 1, where the batch (or 
 # which is the forward with (s1, s2) -> (-s2, -s1): CONJUGATE=True. With c1 = c2 and s1 = s2 that is
 # the rotation by -theta. No gradient flows to cos / sin (tables are constants, as in flash-attn / HF).
 #
-# Tiling: one program per token (grid = (seqlen, batch)). It reads cos/sin once, then walks the heads of
-# x (and of y, the k of a q/k pair: one launch for both) in tiles of [BLOCK_H heads, rotary pairs]: x is
-# read once and the output written once, in fp32 arithmetic. A position outside the cos/sin table gives
-# NaN (a visible error instead of flash-attn's silent identity rotation).
+# Tiling: one program per (token, tile of BLOCK_H heads): grid = (seqlen, batch, tiles of x + tiles of y),
+# so q and k of a pair (GQA: any head counts) go in one launch. A program reads its token's cos/sin row
+# (once per tile, from L2), x's tile once and writes the output once, in fp32 arithmetic. A position
+# outside the cos/sin table gives NaN (a visible error instead of flash-attn's silent identity rotation).
 
 
 @triton.jit
-def _rotate_heads(p_x, p_out, nheads, headdim, rotary_dim, stride_x_head, stride_out_head,
-                  c1, c2, s1, s2, o_1, o_2, m_k, COPY_PASS: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_P: tl.constexpr):
-    """Rotate every head of one token. p_x / p_out point at the token's row; c*, s*: [BLOCK_K] fp32;
-    o_1 / o_2: [BLOCK_K] feature offsets of the pair members; m_k: [BLOCK_K] valid pairs."""
-    o_p = rotary_dim + tl.arange(0, BLOCK_P)                              # [BLOCK_P] pass-through features
-    m_p = o_p < headdim
-    for h0 in range(0, nheads, BLOCK_H):
-        o_h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)                   # [BLOCK_H]
-        m_h = o_h < nheads
-        p_xh = p_x + o_h[:, None] * stride_x_head                         # [BLOCK_H, 1]
-        p_oh = p_out + o_h[:, None] * stride_out_head
-        m = m_h[:, None] & m_k[None, :]                                   # [BLOCK_H, BLOCK_K]
-        b_a = tl.load(p_xh + o_1[None, :], mask=m, other=0.0).to(tl.float32)
-        b_b = tl.load(p_xh + o_2[None, :], mask=m, other=0.0).to(tl.float32)
+def _rotate_tile(p_x, p_out, h0, nheads, headdim, rotary_dim, stride_x_head, stride_out_head,
+                 c1, c2, s1, s2, INTERLEAVED: tl.constexpr, COPY_PASS: tl.constexpr, BLOCK_H: tl.constexpr,
+                 BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Rotate heads [h0, h0 + BLOCK_H) of one token. p_x / p_out point at the token's row;
+    c1, c2, s1, s2: [BLOCK_K] fp32 (pair i's coefficients)."""
+    o_h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)                       # [BLOCK_H]
+    m_h = o_h < nheads
+    p_xh = p_x + o_h[:, None] * stride_x_head                             # [BLOCK_H, 1]
+    p_oh = p_out + o_h[:, None] * stride_out_head
+    if INTERLEAVED:
+        # GPT-J pairs (x[2i], x[2i + 1]): one contiguous load of the rotary features, split into the
+        # even and odd members in registers (two stride-2 accesses would not vectorize).
+        o_r = tl.arange(0, 2 * BLOCK_K)                                   # [2 BLOCK_K]
+        m = m_h[:, None] & (o_r < rotary_dim)[None, :]                    # [BLOCK_H, 2 BLOCK_K]
+        b_x = tl.load(p_xh + o_r[None, :], mask=m, other=0.0).to(tl.float32)
+        b_a, b_b = tl.split(tl.reshape(b_x, (BLOCK_H, BLOCK_K, 2)))        # [BLOCK_H, BLOCK_K] each
         b_a2 = b_a * c1[None, :] - b_b * s1[None, :]
         b_b2 = b_b * c2[None, :] + b_a * s2[None, :]
-        tl.store(p_oh + o_1[None, :], b_a2.to(p_out.dtype.element_ty), mask=m)
-        tl.store(p_oh + o_2[None, :], b_b2.to(p_out.dtype.element_ty), mask=m)
-        if COPY_PASS:
-            m_hp = m_h[:, None] & m_p[None, :]                            # [BLOCK_H, BLOCK_P]
-            b_p = tl.load(p_xh + o_p[None, :], mask=m_hp, other=0.0)
-            tl.store(p_oh + o_p[None, :], b_p.to(p_out.dtype.element_ty), mask=m_hp)
+        b_y = tl.reshape(tl.join(b_a2, b_b2), (BLOCK_H, 2 * BLOCK_K))
+        tl.store(p_oh + o_r[None, :], b_y.to(p_out.dtype.element_ty), mask=m)
+    else:
+        # GPT-NeoX pairs (x[i], x[i + R/2]): two contiguous loads, one per half.
+        rotary_half = rotary_dim // 2
+        o_k = tl.arange(0, BLOCK_K)                                       # [BLOCK_K]
+        m = m_h[:, None] & (o_k < rotary_half)[None, :]                   # [BLOCK_H, BLOCK_K]
+        b_a = tl.load(p_xh + o_k[None, :], mask=m, other=0.0).to(tl.float32)
+        b_b = tl.load(p_xh + rotary_half + o_k[None, :], mask=m, other=0.0).to(tl.float32)
+        b_a2 = b_a * c1[None, :] - b_b * s1[None, :]
+        b_b2 = b_b * c2[None, :] + b_a * s2[None, :]
+        tl.store(p_oh + o_k[None, :], b_a2.to(p_out.dtype.element_ty), mask=m)
+        tl.store(p_oh + rotary_half + o_k[None, :], b_b2.to(p_out.dtype.element_ty), mask=m)
+    if COPY_PASS:                                                         # features past rotary_dim
+        o_p = rotary_dim + tl.arange(0, BLOCK_P)                          # [BLOCK_P]
+        m_p = m_h[:, None] & (o_p < headdim)[None, :]                     # [BLOCK_H, BLOCK_P]
+        b_p = tl.load(p_xh + o_p[None, :], mask=m_p, other=0.0)
+        tl.store(p_oh + o_p[None, :], b_p.to(p_out.dtype.element_ty), mask=m_p)
 
 
 @triton.jit(do_not_specialize=["seqlen_offset"])
@@ -81,6 +94,7 @@ def _rotary_kernel(
     CU_SEQLENS, SEQLEN_OFFSETS, POSITION_IDS,   # [batch + 1] int32, [batch] int, [batch, seqlen] int
     seqlen, seqlen_ro, nheads_x, nheads_y, headdim_x, headdim_y, rotary_dim, seqlen_offset,
     cos_half_offset,                  # elements from c1 to c2 in a cos row: rotary_dim / 2 (HF) or 0
+    tiles_x,                          # head tiles of x; grid dim 2 holds tiles_x + tiles_y
     stride_x_batch, stride_x_seq, stride_x_head,
     stride_out_batch, stride_out_seq, stride_out_head,
     stride_y_batch, stride_y_seq, stride_y_head,
@@ -89,10 +103,11 @@ def _rotary_kernel(
     stride_pos_batch, stride_pos_seq,
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_Y: tl.constexpr,
     HAS_OFFSETS: tl.constexpr, HAS_POSITION_IDS: tl.constexpr, COPY_PASS: tl.constexpr,
-    BLOCK_HX: tl.constexpr, BLOCK_HY: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     i_m = tl.program_id(0).to(tl.int64)                                   # token index in its sequence
     i_b = tl.program_id(1).to(tl.int64)                                   # batch / sequence index
+    i_t = tl.program_id(2)                                                # head tile (x's, then y's)
     if IS_VARLEN:                                                         # packed rows; stride_*_batch = 0
         start = tl.load(CU_SEQLENS + i_b).to(tl.int64)
         seqlen = tl.load(CU_SEQLENS + i_b + 1).to(tl.int64) - start
@@ -109,10 +124,10 @@ def _rotary_kernel(
             pos += tl.load(SEQLEN_OFFSETS + i_b).to(tl.int64)
     in_table = (pos >= 0) & (pos < seqlen_ro)
 
-    # cos / sin of this token, read once for all heads of x and y.                 [BLOCK_K] each, fp32
-    rotary_half = rotary_dim // 2
+    # cos / sin of this token (a few hundred bytes, L2-resident: every head tile of the token reads
+    # them; x is the traffic that counts).                                         [BLOCK_K] each, fp32
     o_k = tl.arange(0, BLOCK_K)
-    m_k = o_k < rotary_half
+    m_k = o_k < rotary_dim // 2
     pos_safe = tl.where(in_table, pos, 0)                                 # read row 0, then poison below
     p_cos = COS + i_b * stride_cos_batch + pos_safe * stride_cos_seq
     p_sin = SIN + i_b * stride_sin_batch + pos_safe * stride_sin_seq
@@ -124,38 +139,32 @@ def _rotary_kernel(
     c2 = tl.where(in_table, c2, float("nan"))
     if CONJUGATE:                                                         # transpose of the 2x2 block
         s1, s2 = -s2, -s1
-    if INTERLEAVED:                                                       # GPT-J: (x[2i], x[2i + 1])
-        o_1 = 2 * o_k
-        o_2 = o_1 + 1
-    else:                                                                 # GPT-NeoX: (x[i], x[i + R/2])
-        o_1 = o_k
-        o_2 = o_k + rotary_half
 
-    _rotate_heads(X + i_b * stride_x_batch + row * stride_x_seq,
-                  OUT + i_b * stride_out_batch + row * stride_out_seq,
-                  nheads_x, headdim_x, rotary_dim, stride_x_head, stride_out_head,
-                  c1, c2, s1, s2, o_1, o_2, m_k, COPY_PASS, BLOCK_HX, BLOCK_P)
-    if HAS_Y:
-        _rotate_heads(Y + i_b * stride_y_batch + row * stride_y_seq,
-                      OUT_Y + i_b * stride_outy_batch + row * stride_outy_seq,
-                      nheads_y, headdim_y, rotary_dim, stride_y_head, stride_outy_head,
-                      c1, c2, s1, s2, o_1, o_2, m_k, COPY_PASS, BLOCK_HY, BLOCK_P)
+    if i_t < tiles_x:
+        _rotate_tile(X + i_b * stride_x_batch + row * stride_x_seq,
+                     OUT + i_b * stride_out_batch + row * stride_out_seq,
+                     i_t * BLOCK_H, nheads_x, headdim_x, rotary_dim, stride_x_head, stride_out_head,
+                     c1, c2, s1, s2, INTERLEAVED, COPY_PASS, BLOCK_H, BLOCK_K, BLOCK_P)
+    elif HAS_Y:
+        _rotate_tile(Y + i_b * stride_y_batch + row * stride_y_seq,
+                     OUT_Y + i_b * stride_outy_batch + row * stride_outy_seq,
+                     (i_t - tiles_x) * BLOCK_H, nheads_y, headdim_y, rotary_dim, stride_y_head,
+                     stride_outy_head, c1, c2, s1, s2, INTERLEAVED, COPY_PASS, BLOCK_H, BLOCK_K, BLOCK_P)
 
 
 # ----------------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------------
 
-# A tile of at most 4096 elements (8 KiB in bf16) per loop step: Llama's 32 query heads x 128 features
-# in one step, 32 fp32 values per thread at 4 warps (no spills), and with several programs resident per
-# SM enough bytes in flight to cover HBM latency.
-TILE_ELEMENTS = 4096
-MAX_WARPS = 4
+# Tile = [BLOCK_H heads, rotary + pass-through features] of one token, at most TILE_ELEMENTS elements.
+# Small tiles, many programs: each program's loads are all issued at once, and a small register
+# footprint lets many programs share an SM, which is what keeps enough bytes in flight for HBM.
+TILE_ELEMENTS = 2048
+WARPS_PER_1K = 4              # warps per 1024 tile elements (8 bf16 = one 16-byte access per thread each)
 
 
-def _block_heads(nheads: int, width: int) -> int:
-    cap = max(1, TILE_ELEMENTS // width)
-    return min(next_power_of_2(nheads), 1 << (cap.bit_length() - 1))
+def _floor_pow2(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
 
 
 def _strides(t: Tensor, varlen: bool):
@@ -187,10 +196,9 @@ def rotary_forward(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, *, rotary_d
     block_k = next_power_of_2(rotary_dim // 2)
     block_p = next_power_of_2(max(x.shape[-1], dim_y) - rotary_dim) if copy_pass else 1
     width = 2 * block_k + (block_p if copy_pass else 0)
-    block_hx = _block_heads(x.shape[-2], width)
-    block_hy = _block_heads(max(heads_y, 1), width)
-    # 4 warps for a full tile (16-byte accesses, 8 per thread per tile in bf16), fewer for small ones.
-    num_warps = max(1, min(MAX_WARPS, (max(block_hx, block_hy) * width) // 1024))
+    block_h = min(next_power_of_2(max(x.shape[-2], heads_y)), _floor_pow2(TILE_ELEMENTS // width))
+    num_warps = min(8, _floor_pow2(WARPS_PER_1K * block_h * width // 1024))
+    tiles_x, tiles_y = triton.cdiv(x.shape[-2], block_h), triton.cdiv(heads_y, block_h)
     cos_b, cos_s = (cos.stride(0), cos.stride(1)) if cos.dim() == 3 else (0, cos.stride(0))
     sin_b, sin_s = (sin.stride(0), sin.stride(1)) if sin.dim() == 3 else (0, sin.stride(0))
     if position_ids is not None:
@@ -198,17 +206,16 @@ def rotary_forward(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, *, rotary_d
     else:
         pos_b, pos_s = 0, 0
     y_, out_y_ = (y, out_y) if y is not None else (x, out)     # placeholders, unread when HAS_Y is False
-    _rotary_kernel[(seqlen, batch)](
+    _rotary_kernel[(seqlen, batch, tiles_x + tiles_y)](
         x, out, y_, out_y_, cos, sin,
         cu_seqlens if varlen else cos, seqlen_offsets if seqlen_offsets is not None else cos,
         position_ids if position_ids is not None else cos,
         seqlen, cos.shape[-2], x.shape[-2], heads_y, x.shape[-1], dim_y, rotary_dim, int(seqlen_offset),
-        cos_half_offset, *_strides(x, varlen), *_strides(out, varlen), *_strides(y_, varlen),
+        cos_half_offset, tiles_x, *_strides(x, varlen), *_strides(out, varlen), *_strides(y_, varlen),
         *_strides(out_y_, varlen), cos_b, cos_s, sin_b, sin_s, pos_b, pos_s,
         INTERLEAVED=interleaved, CONJUGATE=conjugate, IS_VARLEN=varlen, HAS_Y=y is not None,
         HAS_OFFSETS=seqlen_offsets is not None, HAS_POSITION_IDS=position_ids is not None,
-        COPY_PASS=copy_pass, BLOCK_HX=block_hx, BLOCK_HY=block_hy, BLOCK_K=block_k, BLOCK_P=block_p,
-        num_warps=num_warps)
+        COPY_PASS=copy_pass, BLOCK_H=block_h, BLOCK_K=block_k, BLOCK_P=block_p, num_warps=num_warps)
 
 
 def rotary_backward(dout: Tensor, cos: Tensor, sin: Tensor, dx: Tensor, **kwargs) -> None:
