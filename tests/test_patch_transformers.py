@@ -317,6 +317,28 @@ def test_optimizer_built_before_patching_trains_same_curve():
     assert all(p is q for p, q in zip(model.parameters(), opt.param_groups[0]["params"]))
 
 
+def test_wrapped_projections_are_left_alone():
+    """A projection that is not a plain Linear (LoRA, quantized: its forward is more than its .weight) keeps
+    its MLP unpatched, with a warning; a wrapped lm_head keeps HF's loss path."""
+    class Wrapped(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) + 1.0
+
+    model = build("llama")
+    layer = model.model.layers[0].mlp
+    wrapped = Wrapped(HIDDEN, INTERMEDIATE, bias=False)
+    layer.gate_proj = wrapped
+    model.lm_head = Wrapped(HIDDEN, VOCAB, bias=False)
+    ids, labels = inputs()
+    ref = copy.deepcopy(model).double().train()
+    with pytest.warns(UserWarning, match="LlamaMLP left as it is: gate_proj is Wrapped, not Linear"):
+        patch_transformers(model, norms=False, rope=False, attention=False)
+    assert model.model.layers[0].mlp is layer and isinstance(model.model.layers[1].mlp, ffnn.SwiGLUMLP)
+    out = model.train()(ids, labels=labels)
+    assert out.logits is not None
+    assert rel_err(out.loss, ref(ids, labels=labels).loss) < 1e-4
+
+
 def test_errors():
     with pytest.raises(TypeError, match="PreTrainedModel"):
         patch_transformers(nn.Linear(2, 2))

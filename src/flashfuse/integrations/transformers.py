@@ -22,7 +22,9 @@ What the patch does (flags of `patch_transformers`, all on by default):
   activation instance HF built from the config (``act_fn``: SiLU -> SwiGLU, gelu_pytorch_tanh -> tanh GeGLU);
   Phi3's fused ``gate_up_proj`` becomes `GateUpMLP` (one gated GEMM over the fused [gate; up] weight);
   GPT-2's Conv1D MLP becomes `Conv1DMLP` (weights stored (in, out), used through transposed views; gelu_new
-  is the tanh GELU). An activation without a kernel leaves that MLP as it is (with a warning).
+  is the tanh GELU). An activation without a kernel, or a projection that is not a plain Linear / Conv1D (a
+  LoRA or quantized layer, whose forward is more than its weight), leaves that MLP as it is, with a warning.
+  Attach adapters before patching: the fused modules read the projections' weights directly.
 - ``rope``: each family's module-level ``apply_rotary_pos_emb`` is rebound to flashfuse's drop-in (partial
   rotary passes the tail of the head dim through, as Phi3 needs). In transformers 5.x the function carries
   ``@use_kernel_forward_from_hub("rotary_pos_emb")`` and the attention class ``@use_kernelized_func(...)``:
@@ -40,7 +42,8 @@ What the patch does (flags of `patch_transformers`, all on by default):
   shifted labels)` with HF's shift (labels padded with ``ignore_index`` on the right, or ``shift_labels``),
   ``ignore_index``, ``num_items_in_batch`` (sum / count) and Gemma2's ``final_logit_softcapping``. The
   (tokens, vocab) logits are never materialized, so the output has ``logits=None`` (as Liger does). Without
-  labels, in eval mode, or with a custom ``loss_function``, the original HF forward runs unchanged.
+  labels, in eval mode, with a custom ``loss_function`` or an lm_head that is not a plain Linear, the original
+  HF forward runs unchanged.
 
 Only the table `_FAMILIES` below is per-model; one routine applies it. `unpatch_transformers` restores the
 original module objects (re-attached to the current Parameters), the functions, the attention
@@ -236,14 +239,23 @@ def _build_norm(old: nn.Module, spec: _Norm) -> nn.Module:
     return new
 
 
-def _build_mlp(old: nn.Module, spec: _Mlp) -> nn.Module | None:
+def _build_mlp(old: nn.Module, spec: _Mlp) -> nn.Module | str:
+    """The fused MLP, or why there is none. The projections must be plain nn.Linear (Conv1D for GPT-2): the
+    fused kernels read their .weight, which would silently skip a LoRA adapter or a quantized layer's own
+    forward (such MLPs stay as they are; attach adapters before patching)."""
+    from transformers.pytorch_utils import Conv1D
+
+    layers = {"gated": ("gate_proj", "up_proj", "down_proj"), "gate_up": ("gate_up_proj", "down_proj"),
+              "conv1d": ("c_fc", "c_proj")}[spec.layout]
+    expected = Conv1D if spec.layout == "conv1d" else nn.Linear
+    odd = [f"{n} is {type(getattr(old, n)).__name__}" for n in layers if type(getattr(old, n)) is not expected]
+    if odd:
+        return f"{', '.join(odd)}, not {expected.__name__}"
     act = _activation(old, spec)
+    if act is None or (spec.layout != "conv1d" and act not in _GATED_ACTIVATIONS):
+        return f"its activation {type(getattr(old, spec.act_attr, None)).__name__} has no flashfuse kernel"
     if spec.layout == "conv1d":
-        if act is None:
-            return None
         return Conv1DMLP(old.c_fc, old.c_proj, old.dropout, activation=act)
-    if act not in _GATED_ACTIVATIONS:
-        return None
     if spec.layout == "gate_up":
         return GateUpMLP(old.gate_up_proj, old.down_proj, activation=_GATED_ACTIVATIONS[act])
     gate = old.gate_proj
@@ -271,7 +283,7 @@ class _PatchState:
     flags: dict
     modules: list = dataclasses.field(default_factory=list)  # (parent, child name, original, replacement)
     functions: list = dataclasses.field(default_factory=list)  # keys of _FUNCTION_PATCHES this model holds
-    attn_implementation: str | None = None  # the one to restore, when attention was patched
+    attn_implementation: tuple | None = None  # (the implementation to restore,) when attention was patched
     forward: tuple | None = None  # (had an instance-level forward, that forward)
 
 
@@ -306,13 +318,9 @@ def _swap_modules(model: nn.Module, families: list[_Family], norms: bool, mlp: b
             if id(child) not in replaced:
                 build, spec = builders[type(child)]
                 new = build(child, spec)
-                if new is None:
-                    warnings.warn(
-                        f"patch_transformers: {type(child).__name__} uses activation "
-                        f"{type(getattr(child, spec.act_attr, None)).__name__}, which has no flashfuse kernel; "
-                        "left as it is",
-                        stacklevel=3,
-                    )
+                if isinstance(new, str):
+                    warnings.warn(f"patch_transformers: {type(child).__name__} left as it is: {new}", stacklevel=3)
+                    new = None
                 else:
                     _check_same_parameters(child, new)
                     new.train(child.training)
@@ -372,7 +380,7 @@ def _patch_attention(model: nn.Module, state: _PatchState) -> None:
     name = register_transformers_attention()
     previous = model.config._attn_implementation
     model.set_attn_implementation(name)
-    state.attn_implementation = previous
+    state.attn_implementation = (previous,)
 
 
 def _patch_forward(model: nn.Module, families: list[_Family], state: _PatchState) -> None:
@@ -395,7 +403,7 @@ def _restore(model: nn.Module, state: _PatchState) -> None:
         else:
             model.__dict__.pop("forward", None)
     if state.attn_implementation is not None:
-        model.set_attn_implementation(state.attn_implementation)
+        model.set_attn_implementation(state.attn_implementation[0])
     for key in reversed(state.functions):
         _restore_function(key)
     for parent, name, old, new in reversed(state.modules):
@@ -513,7 +521,9 @@ def _make_causal_lm_forward(original, softcap_attr, loss_mapping):
             raise TypeError(f"{type(self).__name__}.forward got multiple values for {sorted(duplicated)}")
         arguments.update(kwargs)
         # HF computes a loss only when `labels` is given (`shift_labels`, if also given, then replaces the shift)
-        fused = self.training and arguments.get("labels") is not None
+        # ... and the head must be a plain Linear, whose weight is all there is to it (not a LoRA / quantized one)
+        head = self.get_output_embeddings()
+        fused = self.training and arguments.get("labels") is not None and type(head) is nn.Linear
         if not fused or _loss_function(self, loss_mapping) is not causal_lm_loss:
             return original(self, *args, **kwargs)
 
@@ -525,7 +535,6 @@ def _make_causal_lm_forward(original, softcap_attr, loss_mapping):
         # Everything else goes to the base model, as HF's forward passes its **kwargs on.
         outputs = getattr(self, self.base_model_prefix)(**arguments)
         hidden = _slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
-        head = self.get_output_embeddings()
         loss = _causal_lm_loss(
             hidden,
             head.weight,
