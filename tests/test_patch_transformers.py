@@ -220,10 +220,17 @@ def test_repatch_and_shared_rope_refcount():
     patch_transformers(a, mlp=False, attention=False)  # re-patching replaces the earlier patch
     assert sum(isinstance(m, ffnn.SwiGLUMLP) for m in a.modules()) == 0
     patch_transformers(b, attention=False)
+    c = copy.deepcopy(b)  # a copy of a patched model is patched, with its own modules and parameters
+    c_params = dict(c.named_parameters())
+    assert all(c_params[n] is not p for n, p in b.named_parameters())
     unpatch_transformers(a)
-    assert rope_function("llama") is not rope_before  # b still uses it
     unpatch_transformers(b)
+    assert rope_function("llama") is not rope_before  # c still uses it
+    assert sum(isinstance(m, ffnn.RMSNorm) for m in c.modules()) == 2 * LAYERS + 1
+    unpatch_transformers(c)
     assert rope_function("llama") is rope_before
+    assert len(hf_norms(c)) == 2 * LAYERS + 1 and "forward" not in c.__dict__
+    assert all(p is c_params[n] for n, p in c.named_parameters())
     assert unpatch_transformers(b) is b  # unpatching an unpatched model is a no-op
 
 

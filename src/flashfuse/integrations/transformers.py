@@ -54,6 +54,7 @@ left alone. Tested with transformers 5.17 and 5.23.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import importlib
@@ -285,6 +286,14 @@ class _PatchState:
     functions: list = dataclasses.field(default_factory=list)  # keys of _FUNCTION_PATCHES this model holds
     attn_implementation: tuple | None = None  # (the implementation to restore,) when attention was patched
     forward: tuple | None = None  # (had an instance-level forward, that forward)
+
+    def __deepcopy__(self, memo):
+        # copy.deepcopy(patched model): the copy's state refers to the copy's modules (through memo) and holds
+        # the patched functions too, so it counts as one more user of them.
+        fields = {f.name: copy.deepcopy(getattr(self, f.name), memo) for f in dataclasses.fields(self)}
+        for key in fields["functions"]:
+            _FUNCTION_PATCHES[key][1] += 1
+        return _PatchState(**fields)
 
 
 def _families_of(model: nn.Module) -> list[_Family]:
