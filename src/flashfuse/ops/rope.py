@@ -48,45 +48,6 @@ MAX_GRID_BATCH = 65535        # CUDA's limit on grid dim 1, where the batch (or 
 # outside the cos/sin table gives NaN (a visible error instead of flash-attn's silent identity rotation).
 
 
-@triton.jit
-def _rotate_tile(p_x, p_out, h0, nheads, headdim, rotary_dim, stride_x_head, stride_out_head,
-                 c1, c2, s1, s2, INTERLEAVED: tl.constexpr, COPY_PASS: tl.constexpr, BLOCK_H: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr):
-    """Rotate heads [h0, h0 + BLOCK_H) of one token. p_x / p_out point at the token's row;
-    c1, c2, s1, s2: [BLOCK_K] fp32 (pair i's coefficients)."""
-    o_h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)                       # [BLOCK_H]
-    m_h = o_h < nheads
-    p_xh = p_x + o_h[:, None] * stride_x_head                             # [BLOCK_H, 1]
-    p_oh = p_out + o_h[:, None] * stride_out_head
-    if INTERLEAVED:
-        # GPT-J pairs (x[2i], x[2i + 1]): one contiguous load of the rotary features, split into the
-        # even and odd members in registers (two stride-2 accesses would not vectorize).
-        o_r = tl.arange(0, 2 * BLOCK_K)                                   # [2 BLOCK_K]
-        m = m_h[:, None] & (o_r < rotary_dim)[None, :]                    # [BLOCK_H, 2 BLOCK_K]
-        b_x = tl.load(p_xh + o_r[None, :], mask=m, other=0.0).to(tl.float32)
-        b_a, b_b = tl.split(tl.reshape(b_x, (BLOCK_H, BLOCK_K, 2)))        # [BLOCK_H, BLOCK_K] each
-        b_a2 = b_a * c1[None, :] - b_b * s1[None, :]
-        b_b2 = b_b * c2[None, :] + b_a * s2[None, :]
-        b_y = tl.reshape(tl.join(b_a2, b_b2), (BLOCK_H, 2 * BLOCK_K))
-        tl.store(p_oh + o_r[None, :], b_y.to(p_out.dtype.element_ty), mask=m)
-    else:
-        # GPT-NeoX pairs (x[i], x[i + R/2]): two contiguous loads, one per half.
-        rotary_half = rotary_dim // 2
-        o_k = tl.arange(0, BLOCK_K)                                       # [BLOCK_K]
-        m = m_h[:, None] & (o_k < rotary_half)[None, :]                   # [BLOCK_H, BLOCK_K]
-        b_a = tl.load(p_xh + o_k[None, :], mask=m, other=0.0).to(tl.float32)
-        b_b = tl.load(p_xh + rotary_half + o_k[None, :], mask=m, other=0.0).to(tl.float32)
-        b_a2 = b_a * c1[None, :] - b_b * s1[None, :]
-        b_b2 = b_b * c2[None, :] + b_a * s2[None, :]
-        tl.store(p_oh + o_k[None, :], b_a2.to(p_out.dtype.element_ty), mask=m)
-        tl.store(p_oh + rotary_half + o_k[None, :], b_b2.to(p_out.dtype.element_ty), mask=m)
-    if COPY_PASS:                                                         # features past rotary_dim
-        o_p = rotary_dim + tl.arange(0, BLOCK_P)                          # [BLOCK_P]
-        m_p = m_h[:, None] & (o_p < headdim)[None, :]                     # [BLOCK_H, BLOCK_P]
-        b_p = tl.load(p_xh + o_p[None, :], mask=m_p, other=0.0)
-        tl.store(p_oh + o_p[None, :], b_p.to(p_out.dtype.element_ty), mask=m_p)
-
-
 @triton.jit(do_not_specialize=["seqlen_offset"])
 def _rotary_kernel(
     X, OUT, Y, OUT_Y,                 # x, out: [batch, seqlen, nheads_x, headdim_x] (any strides, last dim 1)
@@ -116,6 +77,49 @@ def _rotary_kernel(
     if i_m >= seqlen:
         return
     row = start + i_m
+
+    # This program's tile: heads [h0, h0 + BLOCK_H) of x, or of y for the tiles past x's (x and y share
+    # a dtype, so one pointer select replaces a branch and the loads below come first, unconditionally).
+    p_x = X + i_b * stride_x_batch + row * stride_x_seq
+    p_out = OUT + i_b * stride_out_batch + row * stride_out_seq
+    if HAS_Y:
+        is_x = i_t < tiles_x
+        p_x = tl.where(is_x, p_x, Y + i_b * stride_y_batch + row * stride_y_seq)
+        p_out = tl.where(is_x, p_out, OUT_Y + i_b * stride_outy_batch + row * stride_outy_seq)
+        nheads = tl.where(is_x, nheads_x, nheads_y)
+        headdim = tl.where(is_x, headdim_x, headdim_y)
+        stride_in_h = tl.where(is_x, stride_x_head, stride_y_head)
+        stride_o_h = tl.where(is_x, stride_out_head, stride_outy_head)
+        h0 = tl.where(is_x, i_t, i_t - tiles_x) * BLOCK_H
+    else:
+        nheads, headdim, stride_in_h, stride_o_h, h0 = nheads_x, headdim_x, stride_x_head, stride_out_head, \
+            i_t * BLOCK_H
+    o_h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)                       # [BLOCK_H]
+    m_h = o_h < nheads
+    p_xh = p_x + o_h[:, None] * stride_in_h                               # [BLOCK_H, 1]
+    p_oh = p_out + o_h[:, None] * stride_o_h
+
+    # Loads first: the tile of x, then cos/sin, all in flight together (cos/sin are consumed only after
+    # the last load is issued, so their latency overlaps x's instead of adding to it).
+    rotary_half = rotary_dim // 2
+    o_k = tl.arange(0, BLOCK_K)                                           # [BLOCK_K] pair index
+    m_k = o_k < rotary_half
+    if INTERLEAVED:
+        # GPT-J pairs (x[2i], x[2i + 1]): one contiguous load of the rotary features, split into even and
+        # odd members in registers (two stride-2 accesses would not vectorize: 10x slower on an H200).
+        o_r = tl.arange(0, 2 * BLOCK_K)                                   # [2 BLOCK_K]
+        m_r = m_h[:, None] & (o_r < rotary_dim)[None, :]                  # [BLOCK_H, 2 BLOCK_K]
+        b_x = tl.load(p_xh + o_r[None, :], mask=m_r, other=0.0)
+    else:
+        # GPT-NeoX pairs (x[i], x[i + R/2]): one contiguous load per half.
+        m_r = m_h[:, None] & m_k[None, :]                                 # [BLOCK_H, BLOCK_K]
+        b_a = tl.load(p_xh + o_k[None, :], mask=m_r, other=0.0)
+        b_b = tl.load(p_xh + rotary_half + o_k[None, :], mask=m_r, other=0.0)
+    if COPY_PASS:                                                         # features past rotary_dim
+        o_p = rotary_dim + tl.arange(0, BLOCK_P)                          # [BLOCK_P]
+        m_p = m_h[:, None] & (o_p < headdim)[None, :]                     # [BLOCK_H, BLOCK_P]
+        b_p = tl.load(p_xh + o_p[None, :], mask=m_p, other=0.0)
+
     if HAS_POSITION_IDS:
         pos = tl.load(POSITION_IDS + i_b * stride_pos_batch + row * stride_pos_seq).to(tl.int64)
     else:
@@ -123,15 +127,10 @@ def _rotary_kernel(
         if HAS_OFFSETS:
             pos += tl.load(SEQLEN_OFFSETS + i_b).to(tl.int64)
     in_table = (pos >= 0) & (pos < seqlen_ro)
-
-    # cos / sin of this token (a few hundred bytes, L2-resident: every head tile of the token reads
-    # them; x is the traffic that counts).                                         [BLOCK_K] each, fp32
-    o_k = tl.arange(0, BLOCK_K)
-    m_k = o_k < rotary_dim // 2
     pos_safe = tl.where(in_table, pos, 0)                                 # read row 0, then poison below
     p_cos = COS + i_b * stride_cos_batch + pos_safe * stride_cos_seq
     p_sin = SIN + i_b * stride_sin_batch + pos_safe * stride_sin_seq
-    c1 = tl.load(p_cos + o_k, mask=m_k, other=0.0).to(tl.float32)
+    c1 = tl.load(p_cos + o_k, mask=m_k, other=0.0).to(tl.float32)         # [BLOCK_K] each, fp32
     c2 = tl.load(p_cos + cos_half_offset + o_k, mask=m_k, other=0.0).to(tl.float32)
     s1 = tl.load(p_sin + o_k, mask=m_k, other=0.0).to(tl.float32)
     s2 = tl.load(p_sin + cos_half_offset + o_k, mask=m_k, other=0.0).to(tl.float32)
@@ -140,16 +139,20 @@ def _rotary_kernel(
     if CONJUGATE:                                                         # transpose of the 2x2 block
         s1, s2 = -s2, -s1
 
-    if i_t < tiles_x:
-        _rotate_tile(X + i_b * stride_x_batch + row * stride_x_seq,
-                     OUT + i_b * stride_out_batch + row * stride_out_seq,
-                     i_t * BLOCK_H, nheads_x, headdim_x, rotary_dim, stride_x_head, stride_out_head,
-                     c1, c2, s1, s2, INTERLEAVED, COPY_PASS, BLOCK_H, BLOCK_K, BLOCK_P)
-    elif HAS_Y:
-        _rotate_tile(Y + i_b * stride_y_batch + row * stride_y_seq,
-                     OUT_Y + i_b * stride_outy_batch + row * stride_outy_seq,
-                     (i_t - tiles_x) * BLOCK_H, nheads_y, headdim_y, rotary_dim, stride_y_head,
-                     stride_outy_head, c1, c2, s1, s2, INTERLEAVED, COPY_PASS, BLOCK_H, BLOCK_K, BLOCK_P)
+    if INTERLEAVED:
+        b_a, b_b = tl.split(tl.reshape(b_x.to(tl.float32), (BLOCK_H, BLOCK_K, 2)))  # [BLOCK_H, BLOCK_K]
+    else:
+        b_a, b_b = b_a.to(tl.float32), b_b.to(tl.float32)
+    b_a2 = b_a * c1[None, :] - b_b * s1[None, :]
+    b_b2 = b_b * c2[None, :] + b_a * s2[None, :]
+    if INTERLEAVED:
+        b_y = tl.reshape(tl.join(b_a2, b_b2), (BLOCK_H, 2 * BLOCK_K))
+        tl.store(p_oh + o_r[None, :], b_y.to(p_out.dtype.element_ty), mask=m_r)
+    else:
+        tl.store(p_oh + o_k[None, :], b_a2.to(p_out.dtype.element_ty), mask=m_r)
+        tl.store(p_oh + rotary_half + o_k[None, :], b_b2.to(p_out.dtype.element_ty), mask=m_r)
+    if COPY_PASS:
+        tl.store(p_oh + o_p[None, :], b_p.to(p_out.dtype.element_ty), mask=m_p)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -159,7 +162,7 @@ def _rotary_kernel(
 # Tile = [BLOCK_H heads, rotary + pass-through features] of one token, at most TILE_ELEMENTS elements.
 # Small tiles, many programs: each program's loads are all issued at once, and a small register
 # footprint lets many programs share an SM, which is what keeps enough bytes in flight for HBM.
-TILE_ELEMENTS = 2048
+TILE_ELEMENTS = 1024
 WARPS_PER_1K = 4              # warps per 1024 tile elements (8 bf16 = one 16-byte access per thread each)
 
 
