@@ -119,21 +119,11 @@ _FAMILIES = (
     _Family("qwen2", {"Qwen2RMSNorm": _LLAMA_NORM}, {"Qwen2MLP": _GATED}, "Qwen2ForCausalLM"),
     _Family("qwen3", {"Qwen3RMSNorm": _LLAMA_NORM}, {"Qwen3MLP": _GATED}, "Qwen3ForCausalLM"),
     _Family("gemma", {"GemmaRMSNorm": _GEMMA_NORM}, {"GemmaMLP": _GATED}, "GemmaForCausalLM"),
-    _Family(
-        "gemma2",
-        {"Gemma2RMSNorm": _GEMMA_NORM},
-        {"Gemma2MLP": _GATED},
-        "Gemma2ForCausalLM",
-        logit_softcap="final_logit_softcapping",
-    ),
+    _Family("gemma2", {"Gemma2RMSNorm": _GEMMA_NORM}, {"Gemma2MLP": _GATED}, "Gemma2ForCausalLM",
+            logit_softcap="final_logit_softcapping"),
     _Family("phi3", {"Phi3RMSNorm": _LLAMA_NORM}, {"Phi3MLP": _Mlp("gate_up", "activation_fn")}, "Phi3ForCausalLM"),
-    _Family(
-        "gpt2",
-        {"torch.nn.LayerNorm": _Norm("layer")},
-        {"GPT2MLP": _Mlp("conv1d", "act")},
-        "GPT2LMHeadModel",
-        rope=None,
-    ),
+    _Family("gpt2", {"torch.nn.LayerNorm": _Norm("layer")}, {"GPT2MLP": _Mlp("conv1d", "act")}, "GPT2LMHeadModel",
+            rope=None),  # absolute position embeddings
 )
 SUPPORTED_FAMILIES = tuple(f.name for f in _FAMILIES)
 
@@ -220,21 +210,11 @@ def _activation(module: nn.Module, spec: _Mlp) -> str | None:
 
 def _build_norm(old: nn.Module, spec: _Norm) -> nn.Module:
     if spec.kind == "layer":
-        new = LayerNorm(
-            old.normalized_shape,
-            eps=old.eps,
-            elementwise_affine=old.elementwise_affine,
-            bias=getattr(old, "bias", None) is not None,
-            device="meta",
-        )
+        new = LayerNorm(old.normalized_shape, eps=old.eps, elementwise_affine=old.elementwise_affine,
+                        bias=getattr(old, "bias", None) is not None, device="meta")
     else:
-        new = RMSNorm(
-            old.weight.shape[-1],
-            eps=getattr(old, spec.eps_attr),
-            offset=spec.offset,
-            casting_mode=spec.casting_mode,
-            device="meta",
-        )
+        new = RMSNorm(old.weight.shape[-1], eps=getattr(old, spec.eps_attr), offset=spec.offset,
+                      casting_mode=spec.casting_mode, device="meta")
     for name, param in old.named_parameters(recurse=False):
         setattr(new, name, param)
     return new
