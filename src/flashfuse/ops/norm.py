@@ -40,6 +40,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .._checks import check_same, check_tensor, last_dim_contiguous
+from ._custom_op import FlashfuseOp
 from ._triton import next_power_of_2
 
 CASTING_MODES = ("llama", "gemma")
@@ -440,29 +441,25 @@ def _empty(t: Tensor) -> Tensor:
     return t.new_empty(0)
 
 
-@torch.library.custom_op("flashfuse::rms_norm_fwd", mutates_args=())
-def _rms_norm_fwd(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], eps: float, offset: float,
+def _rms_norm_fwd_impl(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], eps: float, offset: float,
                   llama_casting: bool) -> tuple[Tensor, Tensor, Tensor]:
     y, s, rstd = rms_norm_forward(x, weight, eps, residual, offset, llama_casting)
     return y, _empty(x) if s is None else s, rstd
 
 
-@_rms_norm_fwd.register_fake
-def _(x, residual, weight, eps, offset, llama_casting):
+def _rms_norm_fwd_fake(x, residual, weight, eps, offset, llama_casting):
     y = x.new_empty(x.shape, dtype=_out_dtype(x, weight, llama_casting))
     s = _empty(x) if residual is None else x.new_empty(x.shape)
     return y, s, x.new_empty(x.shape[0], dtype=torch.float32)
 
 
-@torch.library.custom_op("flashfuse::rms_norm_bwd", mutates_args=())
-def _rms_norm_bwd(dy: Tensor, dsum: Optional[Tensor], s: Tensor, weight: Optional[Tensor], rstd: Tensor,
+def _rms_norm_bwd_impl(dy: Tensor, dsum: Optional[Tensor], s: Tensor, weight: Optional[Tensor], rstd: Tensor,
                   offset: float, llama_casting: bool, compute_dw: bool) -> tuple[Tensor, Tensor]:
     dx, dw = rms_norm_backward(dy, s, weight, rstd, dsum, offset, llama_casting, compute_dw)
     return dx, _empty(s) if dw is None else dw
 
 
-@_rms_norm_bwd.register_fake
-def _(dy, dsum, s, weight, rstd, offset, llama_casting, compute_dw):
+def _rms_norm_bwd_fake(dy, dsum, s, weight, rstd, offset, llama_casting, compute_dw):
     dw = weight.new_empty(weight.shape) if compute_dw and weight is not None else _empty(s)
     return s.new_empty(s.shape), dw
 
@@ -485,33 +482,31 @@ def _rms_backward(ctx, dy, dsum, _drstd):
     return dx, dx if ctx.has_residual else None, dw if compute_dw else None, None, None, None
 
 
-torch.library.register_autograd("flashfuse::rms_norm_fwd", _rms_backward, setup_context=_rms_setup_context)
+_rms_norm_bwd = FlashfuseOp("flashfuse::rms_norm_bwd", _rms_norm_bwd_impl, fake=_rms_norm_bwd_fake)
+_rms_norm_fwd = FlashfuseOp("flashfuse::rms_norm_fwd", _rms_norm_fwd_impl, fake=_rms_norm_fwd_fake,
+                            setup_context=_rms_setup_context, backward=_rms_backward)
 
 
-@torch.library.custom_op("flashfuse::layer_norm_fwd", mutates_args=())
-def _layer_norm_fwd(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor],
+def _layer_norm_fwd_impl(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor],
                     eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     y, s, mean, rstd = layer_norm_forward(x, weight, bias, eps, residual)
     return y, _empty(x) if s is None else s, mean, rstd
 
 
-@_layer_norm_fwd.register_fake
-def _(x, residual, weight, bias, eps):
+def _layer_norm_fwd_fake(x, residual, weight, bias, eps):
     s = _empty(x) if residual is None else x.new_empty(x.shape)
     stat = x.new_empty(x.shape[0], dtype=torch.float32)
     return x.new_empty(x.shape), s, stat, stat.new_empty(stat.shape)
 
 
-@torch.library.custom_op("flashfuse::layer_norm_bwd", mutates_args=())
-def _layer_norm_bwd(dy: Tensor, dsum: Optional[Tensor], s: Tensor, weight: Optional[Tensor],
+def _layer_norm_bwd_impl(dy: Tensor, dsum: Optional[Tensor], s: Tensor, weight: Optional[Tensor],
                     bias: Optional[Tensor], mean: Tensor, rstd: Tensor, compute_dw: bool,
                     compute_db: bool) -> tuple[Tensor, Tensor, Tensor]:
     dx, dw, db = layer_norm_backward(dy, s, weight, bias, mean, rstd, dsum, compute_dw, compute_db)
     return dx, _empty(s) if dw is None else dw, _empty(s) if db is None else db
 
 
-@_layer_norm_bwd.register_fake
-def _(dy, dsum, s, weight, bias, mean, rstd, compute_dw, compute_db):
+def _layer_norm_bwd_fake(dy, dsum, s, weight, bias, mean, rstd, compute_dw, compute_db):
     dw = weight.new_empty(weight.shape) if compute_dw and weight is not None else _empty(s)
     db = bias.new_empty(bias.shape) if compute_db and bias is not None else _empty(s)
     return s.new_empty(s.shape), dw, db
@@ -536,8 +531,9 @@ def _layer_norm_backward(ctx, dy, dsum, _dmean, _drstd):
             None)
 
 
-torch.library.register_autograd("flashfuse::layer_norm_fwd", _layer_norm_backward,
-                                setup_context=_layer_norm_setup_context)
+_layer_norm_bwd = FlashfuseOp("flashfuse::layer_norm_bwd", _layer_norm_bwd_impl, fake=_layer_norm_bwd_fake)
+_layer_norm_fwd = FlashfuseOp("flashfuse::layer_norm_fwd", _layer_norm_fwd_impl, fake=_layer_norm_fwd_fake,
+                              setup_context=_layer_norm_setup_context, backward=_layer_norm_backward)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -563,7 +559,8 @@ def _check_inputs(x, residual, eps, params):
         if tuple(p.shape) != (n_cols,):
             raise ValueError(f"{name} has shape {tuple(p.shape)}; expected ({n_cols},), the hidden size "
                              "(x.shape[-1])")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+    if not torch.compiler.is_compiling() and (
+            isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0):
         raise ValueError(f"eps is {eps!r}; supported: a finite number >= 0")
 
 
@@ -604,7 +601,10 @@ def rms_norm(x, weight=None, eps=1e-6, residual=None, *, offset=0.0, casting_mod
     _check_inputs(x, residual, eps, {"weight": weight})
     if casting_mode not in CASTING_MODES:
         raise ValueError(f"casting_mode is {casting_mode!r}; supported: {', '.join(map(repr, CASTING_MODES))}")
-    if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not math.isfinite(offset):
+    # Under torch.compile a float argument may arrive as a SymFloat, which math.isfinite rejects: the eager
+    # call has validated the same value already.
+    if not torch.compiler.is_compiling() and (
+            isinstance(offset, bool) or not isinstance(offset, (int, float)) or not math.isfinite(offset)):
         raise ValueError(f"offset is {offset!r}; supported: a finite number (1.0 for Gemma's 1 + weight)")
     n_cols = x.shape[-1]
     y, s, _ = _rms_norm_fwd(_rows(x, n_cols), _rows(residual, n_cols), _param(weight), float(eps),
