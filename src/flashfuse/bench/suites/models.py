@@ -64,7 +64,10 @@ def _build(size: dict, dtype: torch.dtype, device: str, patch: bool):
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(_config(size))
-    model = model.to(dtype)
+    # Parameters only: model.to(bf16) would also round the rotary inv_freq buffer, which HF keeps in fp32
+    # (from_pretrained(dtype=...) does), and cos/sin at position ~2000 would then be off by ~0.3.
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
     if patch:
         from flashfuse.integrations import patch_transformers
         patch_transformers(model)
