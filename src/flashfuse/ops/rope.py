@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .._checks import FLOAT_DTYPES, check_same, check_tensor, last_dim_contiguous
+from .._checks import check_same, check_tensor, last_dim_contiguous
 from ._triton import next_power_of_2
 
 INT_DTYPES = (torch.int32, torch.int64)
@@ -106,7 +106,7 @@ def _rotary_kernel(
     m_k = o_k < rotary_half
     if INTERLEAVED:
         # GPT-J pairs (x[2i], x[2i + 1]): one contiguous load of the rotary features, split into even and
-        # odd members in registers (two stride-2 accesses would not vectorize: 10x slower on an H200).
+        # odd members in registers (two stride-2 accesses do not vectorize: 14x slower on an H200).
         o_r = tl.arange(0, 2 * BLOCK_K)                                   # [2 BLOCK_K]
         m_r = m_h[:, None] & (o_r < rotary_dim)[None, :]                  # [BLOCK_H, 2 BLOCK_K]
         b_x = tl.load(p_xh + o_r[None, :], mask=m_r, other=0.0)
@@ -160,10 +160,13 @@ def _rotary_kernel(
 # ----------------------------------------------------------------------------------------------------
 
 # Tile = [BLOCK_H heads, rotary + pass-through features] of one token, at most TILE_ELEMENTS elements.
-# Small tiles, many programs: each program's loads are all issued at once, and a small register
-# footprint lets many programs share an SM, which is what keeps enough bytes in flight for HBM.
+# Small tiles, many programs: each program's loads are all issued at once and a small register footprint
+# (32-54 registers, no spills) lets many programs share an SM, which keeps enough bytes in flight for HBM.
+# Measured on an H200, Llama shapes (16384 tokens, 32 q / 8 kv heads, hd 128, bf16), CUDA-graph timing:
+# 1024 elements at 4 warps per 1K gives 87% of copy bandwidth for the HF op (bf16 per-token tables) and
+# 89-93% with shared fp32 tables; 2048 / 4096-element tiles or 2 warps per 1K give 74-83% on the HF op.
 TILE_ELEMENTS = 1024
-WARPS_PER_1K = 4              # warps per 1024 tile elements (8 bf16 = one 16-byte access per thread each)
+WARPS_PER_1K = 4              # 4 warps per 1024 elements: 8 elements (one 16-byte bf16 access) per thread
 
 
 def _floor_pow2(n: int) -> int:
