@@ -21,6 +21,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .._checks import check_same, check_tensor, last_dim_contiguous
+from ._custom_op import FlashfuseOp
 from ._triton import next_power_of_2
 
 INT_DTYPES = (torch.int32, torch.int64)
@@ -235,8 +236,7 @@ def rotary_backward(dout: Tensor, cos: Tensor, sin: Tensor, dx: Tensor, **kwargs
 # same op with conjugate flipped, so double backward works too.
 # ----------------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("flashfuse::rotary", mutates_args=())
-def _rotary(x: Tensor, cos: Tensor, sin: Tensor, seqlen_offsets: Optional[Tensor],
+def _rotary_impl(x: Tensor, cos: Tensor, sin: Tensor, seqlen_offsets: Optional[Tensor],
             cu_seqlens: Optional[Tensor], position_ids: Optional[Tensor], seqlen_offset: int,
             max_seqlen: int, interleaved: bool, conjugate: bool) -> Tensor:
     out = torch.empty_like(x)
@@ -246,9 +246,8 @@ def _rotary(x: Tensor, cos: Tensor, sin: Tensor, seqlen_offsets: Optional[Tensor
     return out
 
 
-@_rotary.register_fake
-def _(x, cos, sin, seqlen_offsets, cu_seqlens, position_ids, seqlen_offset, max_seqlen, interleaved,
-      conjugate):
+def _rotary_fake(x, cos, sin, seqlen_offsets, cu_seqlens, position_ids, seqlen_offset, max_seqlen, interleaved,
+                 conjugate):
     return torch.empty_like(x)
 
 
@@ -265,7 +264,9 @@ def _rotary_backward(ctx, dout):
     return (dx,) + (None,) * 9
 
 
-torch.library.register_autograd("flashfuse::rotary", _rotary_backward, setup_context=_rotary_setup)
+# The backward calls the op itself (with the conjugate rotation), so double backward works too.
+_rotary = FlashfuseOp("flashfuse::rotary", _rotary_impl, fake=_rotary_fake, setup_context=_rotary_setup,
+                      backward=_rotary_backward)
 
 
 @torch.library.custom_op("flashfuse::rotary_", mutates_args=("x",))
@@ -305,8 +306,7 @@ class _RotaryInplace(torch.autograd.Function):
         return (dx,) + (None,) * 8
 
 
-@torch.library.custom_op("flashfuse::rotary_qk", mutates_args=())
-def _rotary_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, seqlen_offsets: Optional[Tensor],
+def _rotary_qk_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, seqlen_offsets: Optional[Tensor],
                position_ids: Optional[Tensor], seqlen_offset: int, rotary_dim: int, cos_half_offset: int,
                interleaved: bool, conjugate: bool, out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     q_out, k_out = torch.empty_like(q, dtype=out_dtype), torch.empty_like(k, dtype=out_dtype)
@@ -316,9 +316,8 @@ def _rotary_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, seqlen_offsets: O
     return q_out, k_out
 
 
-@_rotary_qk.register_fake
-def _(q, k, cos, sin, seqlen_offsets, position_ids, seqlen_offset, rotary_dim, cos_half_offset, interleaved,
-      conjugate, out_dtype):
+def _rotary_qk_fake(q, k, cos, sin, seqlen_offsets, position_ids, seqlen_offset, rotary_dim, cos_half_offset,
+                    interleaved, conjugate, out_dtype):
     return torch.empty_like(q, dtype=out_dtype), torch.empty_like(k, dtype=out_dtype)
 
 
@@ -338,7 +337,8 @@ def _rotary_qk_backward(ctx, dq_out, dk_out):
     return (dq, dk) + (None,) * 10
 
 
-torch.library.register_autograd("flashfuse::rotary_qk", _rotary_qk_backward, setup_context=_rotary_qk_setup)
+_rotary_qk = FlashfuseOp("flashfuse::rotary_qk", _rotary_qk_impl, fake=_rotary_qk_fake,
+                         setup_context=_rotary_qk_setup, backward=_rotary_qk_backward)
 
 
 # ----------------------------------------------------------------------------------------------------
