@@ -6,8 +6,9 @@ kernel reads every input element once and writes every output element once, comp
 
 Layers, top to bottom: public functions (argument checks) -> torch.library ops ``flashfuse::glu_fwd`` /
 ``flashfuse::glu_bwd`` with fake implementations and an autograd formula (``torch.compile(fullgraph=True)``
-sees one op) -> launchers ``glu_forward`` / ``glu_backward`` -> one forward and one backward kernel, the
-activation picked by a constexpr. The plain PyTorch reference is ``reference/glu.py``.
+sees one op; eager calls run the same functions without the dispatcher, see ``_custom_op.py``) ->
+launchers ``glu_forward`` / ``glu_backward`` -> one forward and one backward kernel, the activation
+picked by a constexpr. The plain PyTorch reference is ``reference/glu.py``.
 
 gate and up may be views with a row stride, e.g. the two halves of a fused projection
 ``proj[..., :I]`` and ``proj[..., I:]``: the kernels take a row stride per tensor and copy nothing. The
@@ -25,6 +26,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .._checks import check_same, check_tensor, last_dim_contiguous
+from ._custom_op import FlashfuseOp
 from ._triton import IN_INTERPRETER, next_power_of_2
 
 # Activation codes (a constexpr picks the formula; ints, not strings: string constexpr defaults fail to
@@ -305,23 +307,19 @@ def glu_backward(dout: Tensor, gate: Tensor, up: Tensor, activation: str, dgate:
 # torch.library ops
 # ----------------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("flashfuse::glu_fwd", mutates_args=())
-def _glu_fwd(gate: Tensor, up: Tensor, activation: str) -> Tensor:
+def _glu_fwd_impl(gate: Tensor, up: Tensor, activation: str) -> Tensor:
     return glu_forward(gate, up, activation)
 
 
-@_glu_fwd.register_fake
-def _(gate, up, activation):
+def _glu_fwd_fake(gate, up, activation):
     return gate.new_empty(gate.shape)
 
 
-@torch.library.custom_op("flashfuse::glu_bwd", mutates_args=())
-def _glu_bwd(dout: Tensor, gate: Tensor, up: Tensor, activation: str) -> tuple[Tensor, Tensor]:
+def _glu_bwd_impl(dout: Tensor, gate: Tensor, up: Tensor, activation: str) -> tuple[Tensor, Tensor]:
     return glu_backward(dout, gate, up, activation)
 
 
-@_glu_bwd.register_fake
-def _(dout, gate, up, activation):
+def _glu_bwd_fake(dout, gate, up, activation):
     return gate.new_empty(gate.shape), up.new_empty(up.shape)
 
 
@@ -337,7 +335,10 @@ def _backward(ctx, dout):
     return dgate, dup, None
 
 
-torch.library.register_autograd("flashfuse::glu_fwd", _backward, setup_context=_setup_context)
+# Eager calls on plain tensors skip the custom-op dispatcher; torch.compile sees the custom ops.
+_glu_bwd = FlashfuseOp("flashfuse::glu_bwd", _glu_bwd_impl, fake=_glu_bwd_fake)
+_glu_fwd = FlashfuseOp("flashfuse::glu_fwd", _glu_fwd_impl, fake=_glu_fwd_fake,
+                       setup_context=_setup_context, backward=_backward)
 
 
 # ----------------------------------------------------------------------------------------------------
