@@ -30,6 +30,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .._checks import check_same, check_tensor, last_dim_contiguous
+from ._custom_op import FlashfuseOp
 from ._triton import next_power_of_2, tanh
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -265,10 +266,9 @@ def _mean_scale(labels: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
     return n_valid, (1.0 / n_valid).reshape(1)
 
 
-@torch.library.custom_op("flashfuse::fused_linear_cross_entropy", mutates_args=())
-def _flce_op(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional[Tensor], ignore_index: int,
-             reduction: str, label_smoothing: float, softcap: float, chunk_size: int, grad_hidden: bool,
-             grad_weight: bool, grad_bias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _flce_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional[Tensor], ignore_index: int,
+               reduction: str, label_smoothing: float, softcap: float, chunk_size: int, grad_hidden: bool,
+               grad_weight: bool, grad_bias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """-> (loss, lse, grad_hidden, grad_weight, grad_bias). For "mean"/"sum" the gradients of the
     reduced loss are computed here (the backward scales them); for "none" none are (the backward
     recomputes them with the per-row grad_output)."""
@@ -282,9 +282,8 @@ def _flce_op(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional[Tens
     return (_reduce(loss, n_valid, reduction), lse, *outs)
 
 
-@_flce_op.register_fake
-def _(hidden, weight, labels, bias, ignore_index, reduction, label_smoothing, softcap, chunk_size,
-      grad_hidden, grad_weight, grad_bias):
+def _flce_fake(hidden, weight, labels, bias, ignore_index, reduction, label_smoothing, softcap, chunk_size,
+               grad_hidden, grad_weight, grad_bias):
     n = hidden.shape[0]
     f32 = torch.float32
     loss = hidden.new_empty(n if reduction == "none" else (), dtype=f32)
@@ -295,11 +294,10 @@ def _(hidden, weight, labels, bias, ignore_index, reduction, label_smoothing, so
     return loss, hidden.new_empty(n, dtype=f32), dh, dw, db
 
 
-@torch.library.custom_op("flashfuse::fused_linear_cross_entropy_bwd_none", mutates_args=())
-def _flce_bwd_none_op(grad_loss: Tensor, hidden: Tensor, weight: Tensor, labels: Tensor, lse: Tensor,
-                      bias: Optional[Tensor], ignore_index: int, label_smoothing: float, softcap: float,
-                      chunk_size: int, grad_hidden: bool, grad_weight: bool,
-                      grad_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _flce_bwd_none_impl(grad_loss: Tensor, hidden: Tensor, weight: Tensor, labels: Tensor, lse: Tensor,
+                        bias: Optional[Tensor], ignore_index: int, label_smoothing: float, softcap: float,
+                        chunk_size: int, grad_hidden: bool, grad_weight: bool,
+                        grad_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
     """reduction="none": the gradients of sum_i grad_loss[i] loss_i, recomputing each chunk's logits
     (one more GEMM per chunk) and reusing the forward's lse."""
     _, _, dh, dw, db = fused_linear_cross_entropy_forward(
@@ -310,9 +308,8 @@ def _flce_bwd_none_op(grad_loss: Tensor, hidden: Tensor, weight: Tensor, labels:
     return tuple(g if g is not None else _empty(hidden) for g in (dh, dw, db))
 
 
-@_flce_bwd_none_op.register_fake
-def _(grad_loss, hidden, weight, labels, lse, bias, ignore_index, label_smoothing, softcap, chunk_size,
-      grad_hidden, grad_weight, grad_bias):
+def _flce_bwd_none_fake(grad_loss, hidden, weight, labels, lse, bias, ignore_index, label_smoothing, softcap,
+                        chunk_size, grad_hidden, grad_weight, grad_bias):
     return (hidden.new_empty(hidden.shape) if grad_hidden else _empty(hidden),
             weight.new_empty(weight.shape) if grad_weight else _empty(hidden),
             hidden.new_empty(weight.shape[0], dtype=torch.float32) if grad_bias else _empty(hidden))
@@ -320,8 +317,8 @@ def _(grad_loss, hidden, weight, labels, lse, bias, ignore_index, label_smoothin
 
 def _flce_setup(ctx, inputs, output):
     hidden, weight, labels, bias, ignore_index, reduction, eps, softcap, chunk, *flags = inputs
-    ctx.reduction, ctx.flags = reduction, flags
-    ctx.options = dict(ignore_index=ignore_index, label_smoothing=eps, softcap=softcap, chunk_size=chunk)
+    ctx.reduction, ctx.flags = reduction, tuple(flags)
+    ctx.options = (ignore_index, eps, softcap, chunk)   # the bwd_none op's arguments, in its schema's order
     _, lse, dh, dw, db = output
     if reduction == "none":
         ctx.save_for_backward(hidden, weight, labels, lse, bias)
@@ -334,15 +331,16 @@ def _flce_setup(ctx, inputs, output):
 def _flce_backward(ctx, grad_loss, *_):
     if ctx.reduction == "none":
         hidden, weight, labels, lse, bias = ctx.saved_tensors
-        dh, dw, db = _flce_bwd_none_op(grad_loss, hidden, weight, labels, lse, bias, **ctx.options,
-                                       grad_hidden=ctx.flags[0], grad_weight=ctx.flags[1],
-                                       grad_bias=ctx.flags[2])
+        # ignore_index, label_smoothing, softcap, chunk_size, then grad_hidden, grad_weight, grad_bias
+        dh, dw, db = _flce_bwd_none_op(grad_loss, hidden, weight, labels, lse, bias, *ctx.options,
+                                       *ctx.flags)
     else:
-        # Eager (plain tensors): scaled in place, so no second (V, H) buffer; the saved gradients are used
-        # once (a second backward through the same graph, retain_graph=True, raises autograd's "modified
-        # by an inplace operation" error). Traced by torch.compile / AOTAutograd (tensor subclasses):
-        # out of place, since a forward output mutated in the backward graph cannot always be
-        # partitioned (opcheck's aot_dispatch test hits that); the compiler plans that memory itself.
+        # Eager (plain tensors, FlashfuseOp's autograd.Function or the custom op's own autograd): scaled in
+        # place, so no second (V, H) buffer; the saved gradients are used once (a second backward through
+        # the same graph, retain_graph=True, raises autograd's "modified by an inplace operation" error).
+        # Traced by torch.compile / AOTAutograd (tensor subclasses): out of place, since a forward output
+        # mutated in the backward graph cannot always be partitioned (opcheck's aot_dispatch test hits
+        # that); the compiler plans that memory itself.
         dh, dw, db = ctx.saved_tensors
         inplace = type(grad_loss) is torch.Tensor and not torch.compiler.is_compiling()
         dh, dw, db = ((g.mul_(grad_loss) if inplace else g * grad_loss) if flag else g
@@ -354,13 +352,15 @@ def _flce_backward(ctx, grad_loss, *_):
     return (grads[0], grads[1], None, grads[2]) + (None,) * 8
 
 
-torch.library.register_autograd("flashfuse::fused_linear_cross_entropy", _flce_backward,
-                                setup_context=_flce_setup)
+# Eager calls on plain tensors skip the custom-op dispatcher; torch.compile sees the custom ops.
+_flce_bwd_none_op = FlashfuseOp("flashfuse::fused_linear_cross_entropy_bwd_none", _flce_bwd_none_impl,
+                                fake=_flce_bwd_none_fake)
+_flce_op = FlashfuseOp("flashfuse::fused_linear_cross_entropy", _flce_impl, fake=_flce_fake,
+                       setup_context=_flce_setup, backward=_flce_backward)
 
 
-@torch.library.custom_op("flashfuse::cross_entropy", mutates_args=())
-def _ce_op(logits: Tensor, labels: Tensor, ignore_index: int, reduction: str, label_smoothing: float,
-           softcap: float) -> tuple[Tensor, Tensor]:
+def _ce_impl(logits: Tensor, labels: Tensor, ignore_index: int, reduction: str, label_smoothing: float,
+             softcap: float) -> tuple[Tensor, Tensor]:
     """-> (loss, lse). The gradient is computed in the backward from the saved lse (one read and one
     write of the logits), so no (N, V) buffer is kept between forward and backward."""
     n_valid, _ = _mean_scale(labels, ignore_index)
@@ -371,16 +371,14 @@ def _ce_op(logits: Tensor, labels: Tensor, ignore_index: int, reduction: str, la
     return _reduce(loss, n_valid, reduction), lse
 
 
-@_ce_op.register_fake
-def _(logits, labels, ignore_index, reduction, label_smoothing, softcap):
+def _ce_fake(logits, labels, ignore_index, reduction, label_smoothing, softcap):
     n = logits.shape[0]
     return logits.new_empty(n if reduction == "none" else (), dtype=torch.float32), \
         logits.new_empty(n, dtype=torch.float32)
 
 
-@torch.library.custom_op("flashfuse::cross_entropy_bwd", mutates_args=())
-def _ce_bwd_op(grad_loss: Tensor, logits: Tensor, labels: Tensor, lse: Tensor, ignore_index: int,
-               reduction: str, label_smoothing: float, softcap: float) -> Tensor:
+def _ce_bwd_impl(grad_loss: Tensor, logits: Tensor, labels: Tensor, lse: Tensor, ignore_index: int,
+                 reduction: str, label_smoothing: float, softcap: float) -> Tensor:
     grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
     if reduction == "none":
         scale, row_scale = None, grad_loss.float()
@@ -393,8 +391,7 @@ def _ce_bwd_op(grad_loss: Tensor, logits: Tensor, labels: Tensor, lse: Tensor, i
     return grad
 
 
-@_ce_bwd_op.register_fake
-def _(grad_loss, logits, labels, lse, ignore_index, reduction, label_smoothing, softcap):
+def _ce_bwd_fake(grad_loss, logits, labels, lse, ignore_index, reduction, label_smoothing, softcap):
     return logits.new_empty(logits.shape)
 
 
@@ -410,7 +407,9 @@ def _ce_backward(ctx, grad_loss, _):
     return (_ce_bwd_op(grad_loss, logits, labels, lse, *ctx.options),) + (None,) * 5
 
 
-torch.library.register_autograd("flashfuse::cross_entropy", _ce_backward, setup_context=_ce_setup)
+_ce_bwd_op = FlashfuseOp("flashfuse::cross_entropy_bwd", _ce_bwd_impl, fake=_ce_bwd_fake)
+_ce_op = FlashfuseOp("flashfuse::cross_entropy", _ce_impl, fake=_ce_fake, setup_context=_ce_setup,
+                     backward=_ce_backward)
 
 
 # ----------------------------------------------------------------------------------------------------
