@@ -5,7 +5,8 @@ Layers, top to bottom:
   (SwiGLU / GeGLU: Llama, Mistral, Qwen, Gemma) validate their arguments, then call one op;
 - torch.library custom ops ``flashfuse::linear_fwd``, ``flashfuse::mlp_fwd`` and, for their backward,
   ``flashfuse::act_grad`` and ``flashfuse::matmul_act_grad``, with fake implementations and autograd
-  formulas, so ``torch.compile(fullgraph=True)`` sees one op per layer;
+  formulas, so ``torch.compile(fullgraph=True)`` sees one op per layer (eager calls run the same
+  functions without the dispatcher: ``FlashfuseOp``, see _custom_op.py);
 - the launchers and kernels in matmul_details/_kernels.py.
 
 Backward (Z = x W^T + b the pre-activation, Y = act(Z); gated: Y = act(G) * U):
@@ -27,6 +28,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_same, check_tensor, last_dim_contiguous
+from ._custom_op import FlashfuseOp
 from .matmul_details._kernels import (ACTIVATIONS, GATED_ACTIVATIONS, act_grad, linear_forward,
                                       matmul_act_grad)
 
@@ -37,57 +39,55 @@ SUPPORTED = tuple(a for a in ACTIVATIONS if a is not None) + tuple(GATED_ACTIVAT
 # torch.library ops
 # ----------------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("flashfuse::linear_fwd", mutates_args=())
-def _linear_fwd(x: Tensor, weight: Tensor, up_weight: Optional[Tensor], bias: Optional[Tensor],
-                up_bias: Optional[Tensor], activation: int, save_pre: bool) -> tuple[Tensor, Tensor]:
+def _linear_fwd_impl(x: Tensor, weight: Tensor, up_weight: Optional[Tensor], bias: Optional[Tensor],
+                     up_bias: Optional[Tensor], activation: int, save_pre: bool) -> tuple[Tensor, Tensor]:
     out, pre = linear_forward(x, weight, bias, activation=activation, up_weight=up_weight, up_bias=up_bias,
                               save_pre=save_pre)
     return out, (pre if pre is not None else x.new_empty(0))
 
 
-@_linear_fwd.register_fake
-def _(x, weight, up_weight, bias, up_bias, activation, save_pre):
+def _linear_fwd_fake(x, weight, up_weight, bias, up_bias, activation, save_pre):
     M, N = x.shape[0], weight.shape[0]
     pre_shape = (M, 2 * N if up_weight is not None else N) if save_pre else (0,)
     return x.new_empty((M, N)), x.new_empty(pre_shape)
 
 
-@torch.library.custom_op("flashfuse::mlp_fwd", mutates_args=())
-def _mlp_fwd(x: Tensor, w1: Tensor, up_weight: Optional[Tensor], b1: Optional[Tensor],
-             up_bias: Optional[Tensor], w2: Tensor, b2: Optional[Tensor], activation: int,
-             save_pre: bool) -> tuple[Tensor, Tensor]:
+def _mlp_fwd_impl(x: Tensor, w1: Tensor, up_weight: Optional[Tensor], b1: Optional[Tensor],
+                  up_bias: Optional[Tensor], w2: Tensor, b2: Optional[Tensor], activation: int,
+                  save_pre: bool) -> tuple[Tensor, Tensor]:
     h, pre = linear_forward(x, w1, b1, activation=activation, up_weight=up_weight, up_bias=up_bias,
                             save_pre=save_pre)
     out, _ = linear_forward(h, w2, b2)
     return out, (pre if pre is not None else x.new_empty(0))
 
 
-@_mlp_fwd.register_fake
-def _(x, w1, up_weight, b1, up_bias, w2, b2, activation, save_pre):
+def _mlp_fwd_fake(x, w1, up_weight, b1, up_bias, w2, b2, activation, save_pre):
     M, N = x.shape[0], w1.shape[0]
     pre_shape = (M, 2 * N if up_weight is not None else N) if save_pre else (0,)
     return x.new_empty((M, w2.shape[0])), x.new_empty(pre_shape)
 
 
-@torch.library.custom_op("flashfuse::act_grad", mutates_args=())
-def _act_grad(dy: Tensor, pre: Tensor, activation: int, gated: bool) -> Tensor:
+def _act_grad_impl(dy: Tensor, pre: Tensor, activation: int, gated: bool) -> Tensor:
     return act_grad(dy, pre, activation=activation, gated=gated)
 
 
-@_act_grad.register_fake
-def _(dy, pre, activation, gated):
+def _act_grad_fake(dy, pre, activation, gated):
     return pre.new_empty(pre.shape)
 
 
-@torch.library.custom_op("flashfuse::matmul_act_grad", mutates_args=())
-def _matmul_act_grad(dy: Tensor, weight_t: Tensor, pre: Tensor, activation: int,
-                     gated: bool) -> tuple[Tensor, Tensor]:
+def _matmul_act_grad_impl(dy: Tensor, weight_t: Tensor, pre: Tensor, activation: int,
+                          gated: bool) -> tuple[Tensor, Tensor]:
     return matmul_act_grad(dy, weight_t, pre, activation=activation, gated=gated)
 
 
-@_matmul_act_grad.register_fake
-def _(dy, weight_t, pre, activation, gated):
+def _matmul_act_grad_fake(dy, weight_t, pre, activation, gated):
     return pre.new_empty(pre.shape), dy.new_empty((dy.shape[0], weight_t.shape[0]))
+
+
+# The backward's ops (no autograd of their own). Eager calls on plain tensors skip the custom-op
+# dispatcher; torch.compile sees the custom ops (see _custom_op.py).
+_act_grad = FlashfuseOp("flashfuse::act_grad", _act_grad_impl, fake=_act_grad_fake)
+_matmul_act_grad = FlashfuseOp("flashfuse::matmul_act_grad", _matmul_act_grad_impl, fake=_matmul_act_grad_fake)
 
 
 def _input_side_grads(needs, dpre, x, weight, up_weight):
@@ -125,7 +125,8 @@ def _linear_backward(ctx, dout, _dpre):
     return _input_side_grads(ctx.needs_input_grad, dpre, x, weight, up_weight) + (None, None)
 
 
-torch.library.register_autograd("flashfuse::linear_fwd", _linear_backward, setup_context=_linear_setup)
+_linear_fwd = FlashfuseOp("flashfuse::linear_fwd", _linear_fwd_impl, fake=_linear_fwd_fake,
+                          setup_context=_linear_setup, backward=_linear_backward)
 
 
 def _mlp_setup(ctx, inputs, output):
@@ -146,7 +147,8 @@ def _mlp_backward(ctx, dout, _dpre):
     return dx, dw1, dwu, db1, dbu, dw2, db2, None, None
 
 
-torch.library.register_autograd("flashfuse::mlp_fwd", _mlp_backward, setup_context=_mlp_setup)
+_mlp_fwd = FlashfuseOp("flashfuse::mlp_fwd", _mlp_fwd_impl, fake=_mlp_fwd_fake, setup_context=_mlp_setup,
+                       backward=_mlp_backward)
 
 
 # ----------------------------------------------------------------------------------------------------
