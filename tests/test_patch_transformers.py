@@ -79,6 +79,18 @@ def rel_err(out, ref):
     return ((out - ref).norm() / ref.norm()).item()
 
 
+@pytest.fixture(autouse=True)
+def _no_leaked_function_patches():
+    """The rope rebinding is process-wide and reference counted per patched model; a model patched in another
+    test file and dropped without unpatching (the benchmark's CPU run does that) keeps it bound. Each test here
+    starts from transformers' own functions."""
+    from flashfuse.integrations import transformers as integration
+    for (module, name), (original, _count) in list(integration._FUNCTION_PATCHES.items()):
+        setattr(__import__(module, fromlist=["x"]), name, original)
+    integration._FUNCTION_PATCHES.clear()
+    yield
+
+
 def hf_norms(model):
     return [m for m in model.modules()
             if type(m).__module__.startswith("transformers.") and type(m).__name__.endswith("RMSNorm")
@@ -232,6 +244,20 @@ def test_repatch_and_shared_rope_refcount():
     assert len(hf_norms(c)) == 2 * LAYERS + 1 and "forward" not in c.__dict__
     assert all(p is c_params[n] for n, p in c.named_parameters())
     assert unpatch_transformers(b) is b  # unpatching an unpatched model is a no-op
+
+
+def test_unpatched_model_of_a_patched_family_still_runs_its_own_dtypes():
+    """The rebound rope serves every model of the family: a float64 model (no flashfuse kernel takes fp64)
+    falls back to transformers' function and gives exactly its logits."""
+    other = build("llama").double().eval()
+    ids, _ = inputs()
+    with torch.no_grad():
+        before = other(ids).logits
+    model = patch_transformers(build("llama"), attention=False)
+    assert rope_function("llama") is not rope_function("llama").flashfuse_original
+    with torch.no_grad():
+        assert torch.equal(other(ids).logits, before)
+    unpatch_transformers(model)
 
 
 def test_loss_options_match_hf():

@@ -66,6 +66,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._checks import FLOAT_DTYPES
+from .._env import INTERPRET
 from ..nn.mlp import GeGLUMLP, SwiGLUMLP
 from ..nn.norm import LayerNorm, RMSNorm
 from ..ops.cross_entropy import fused_linear_cross_entropy
@@ -177,9 +179,16 @@ class Conv1DMLP(nn.Module):
         return f"activation={self.activation!r}"
 
 
-def _hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-    """transformers 5.x's ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` signature, on flashfuse."""
-    return _flashfuse_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+def _rope_dropin(original):
+    """transformers 5.x's ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` on flashfuse. The module
+    attribute is rebound for the whole process, so unpatched models of the family call it too: inputs the
+    kernel does not take (float64, a CPU tensor outside the interpreter) go to the family's own function."""
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        if q.dtype in FLOAT_DTYPES and (q.is_cuda or INTERPRET):
+            return _flashfuse_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    apply_rotary_pos_emb.flashfuse_original = original
+    return apply_rotary_pos_emb
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -350,7 +359,7 @@ def _patch_functions(families: list[_Family], state: _PatchState) -> None:
         entry = _FUNCTION_PATCHES.get(key)
         if entry is None:
             entry = _FUNCTION_PATCHES[key] = [getattr(module, family.rope), 0]
-            setattr(module, family.rope, _hf_apply_rotary_pos_emb)
+            setattr(module, family.rope, _rope_dropin(entry[0]))
         entry[1] += 1
         state.functions.append(key)
 
