@@ -53,8 +53,12 @@ class FlashfuseOp:
     def __call__(self, *args):
         if _tracing(args):
             return self.custom_op(*args)
-        if self.function is not None and torch.is_grad_enabled() and any(
-                isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            if self.function is None:
+                # An op without a backward, inside a backward run with create_graph=True: the custom op
+                # attaches a node that raises if anything differentiates through its outputs; impl alone
+                # would return outputs that silently drop those second-order terms.
+                return self.custom_op(*args)
             return self.function.apply(*args)
         return self.impl(*args)
 

@@ -4,9 +4,10 @@ Layers, top to bottom:
 - public functions (``flash_attn_func`` and its packed / varlen variants, ``scaled_dot_product_attention``)
   validate their arguments with messages that name the argument, the value and what is supported, then
   call one op;
-- two torch.library custom ops, ``flashfuse::flash_attn_fwd`` and ``flashfuse::flash_attn_bwd``, with fake
-  (meta) implementations and an autograd formula, so ``torch.compile(fullgraph=True)`` sees one op per
-  call, not a graph break;
+- two ops, ``flashfuse::flash_attn_fwd`` and ``flashfuse::flash_attn_bwd``: torch.library custom ops with
+  fake (meta) implementations and an autograd formula, so ``torch.compile(fullgraph=True)`` sees one op
+  per call, not a graph break; eager calls skip the custom-op dispatcher (``FlashfuseOp``, ops/_custom_op.py:
+  about 100 us of Python per forward + backward, the small-seqlen floor of the benchmark);
 - the launchers in flash_fwd.py / flash_bwd.py.
 """
 
@@ -19,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ..._checks import check_same, check_tensor, last_dim_contiguous
+from .._custom_op import FlashfuseOp
 from .dropout import new_rng_state
 from .flash_bwd import flash_attn_backward
 from .flash_fwd import flash_attn_forward
@@ -30,12 +32,18 @@ MAX_HEAD_DIM = 256
 # torch.library ops
 # ----------------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("flashfuse::flash_attn_fwd", mutates_args=())
-def _flash_attn_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
-                    cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-                    softmax_scale: float, window_left: int, window_right: int, bottom_right: bool,
-                    softcap: float, alibi_slopes: Optional[Tensor], attn_bias: Optional[Tensor],
-                    dropout_p: float, rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+# The ops take every argument positionally (FlashfuseOp's eager path calls the implementation directly):
+# q, k, v, then _OPTIONS in this order; the backward op takes dout, q, k, v, out, lse, then the same options.
+_OPTIONS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale",
+            "window_left", "window_right", "bottom_right", "softcap", "alibi_slopes", "attn_bias",
+            "dropout_p", "rng_state")
+
+
+def _flash_attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
+                         cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                         softmax_scale: float, window_left: int, window_right: int, bottom_right: bool,
+                         softcap: float, alibi_slopes: Optional[Tensor], attn_bias: Optional[Tensor],
+                         dropout_p: float, rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     return flash_attn_forward(
         q, k, v, softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
         bottom_right=bottom_right, softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
@@ -43,9 +51,9 @@ def _flash_attn_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tens
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
 
 
-@_flash_attn_fwd.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
-      window_right, bottom_right, softcap, alibi_slopes, attn_bias, dropout_p, rng_state):
+def _flash_attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                         window_left, window_right, bottom_right, softcap, alibi_slopes, attn_bias, dropout_p,
+                         rng_state):
     out = q.new_empty(q.shape)
     if cu_seqlens_q is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
@@ -54,13 +62,12 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_s
     return out, lse
 
 
-@torch.library.custom_op("flashfuse::flash_attn_bwd", mutates_args=())
-def _flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
-                    max_seqlen_k: int, softmax_scale: float, window_left: int, window_right: int,
-                    bottom_right: bool, softcap: float, alibi_slopes: Optional[Tensor],
-                    attn_bias: Optional[Tensor], dropout_p: float,
-                    rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+def _flash_attn_bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                         cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
+                         max_seqlen_k: int, softmax_scale: float, window_left: int, window_right: int,
+                         bottom_right: bool, softcap: float, alibi_slopes: Optional[Tensor],
+                         attn_bias: Optional[Tensor], dropout_p: float,
+                         rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
     return flash_attn_backward(
         dout, q, k, v, out, lse, softmax_scale=softmax_scale, window_left=window_left,
         window_right=window_right, bottom_right=bottom_right, softcap=softcap, alibi_slopes=alibi_slopes,
@@ -68,35 +75,34 @@ def _flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
 
 
-@_flash_attn_bwd.register_fake
-def _(dout, q, k, v, out, lse, *args):
+def _flash_attn_bwd_fake(dout, q, k, v, out, lse, *options):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-_OPTIONS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale",
-            "window_left", "window_right", "bottom_right", "softcap", "alibi_slopes", "attn_bias",
-            "dropout_p", "rng_state")
+_NO_OPTION_GRADS = (None,) * len(_OPTIONS)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *options = inputs
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
+     window_right, bottom_right, softcap, alibi_slopes, attn_bias, dropout_p, rng_state) = inputs
     out, lse = output
-    ctx.options = dict(zip(_OPTIONS, options))
-    tensors = {name: ctx.options.pop(name) for name in
-               ("cu_seqlens_q", "cu_seqlens_k", "alibi_slopes", "attn_bias", "rng_state")}
-    ctx.tensor_names = list(tensors)
-    ctx.save_for_backward(q, k, v, out, lse, *tensors.values())
+    # Optional tensors are saved as they are (save_for_backward takes None); the scalars ride on ctx.
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias, rng_state)
+    ctx.scalars = (max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right, bottom_right, softcap)
+    ctx.dropout_p = dropout_p
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse, *saved = ctx.saved_tensors
-    options = dict(ctx.options, **dict(zip(ctx.tensor_names, saved)))
-    dq, dk, dv = _flash_attn_bwd(last_dim_contiguous(dout), q, k, v, out, lse, **options)
-    return (dq, dk, dv) + (None,) * len(_OPTIONS)
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias, rng_state = ctx.saved_tensors
+    dq, dk, dv = _flash_attn_bwd(last_dim_contiguous(dout), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                 *ctx.scalars, alibi_slopes, attn_bias, ctx.dropout_p, rng_state)
+    return (dq, dk, dv) + _NO_OPTION_GRADS
 
 
-torch.library.register_autograd("flashfuse::flash_attn_fwd", _backward, setup_context=_setup_context)
+_flash_attn_bwd = FlashfuseOp("flashfuse::flash_attn_bwd", _flash_attn_bwd_impl, fake=_flash_attn_bwd_fake)
+_flash_attn_fwd = FlashfuseOp("flashfuse::flash_attn_fwd", _flash_attn_fwd_impl, fake=_flash_attn_fwd_fake,
+                              setup_context=_setup_context, backward=_backward)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -105,22 +111,30 @@ torch.library.register_autograd("flashfuse::flash_attn_fwd", _backward, setup_co
 
 def _check_qkv(q, k, v, *, varlen: bool):
     ndims = (3,) if varlen else (4,)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, ndims=ndims)
+    check_tensor("q", q, ndims=ndims)
+    check_tensor("k", k, ndims=ndims)
+    check_tensor("v", v, ndims=ndims)
+    _check_qkv_shapes(q, k, v, varlen=varlen)
+
+
+def _check_qkv_shapes(q, k, v, *, varlen: bool):
+    """_check_qkv past the per-tensor checks (type, rank, dtype, device), for callers that made them."""
     check_same(("q", "k", "v"), (q, k, v))
-    layout = "(total, nheads, headdim)" if varlen else "(batch, seqlen, nheads, headdim)"
-    head_dim = q.shape[-1]
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+    head_dim = q_shape[-1]
     if not 1 <= head_dim <= MAX_HEAD_DIM:
+        layout = "(total, nheads, headdim)" if varlen else "(batch, seqlen, nheads, headdim)"
         raise ValueError(f"q has head dim {head_dim}; supported: 1..{MAX_HEAD_DIM} (layout {layout})")
-    for name, t in (("k", k), ("v", v)):
-        if t.shape[-1] != head_dim:
-            raise ValueError(f"{name} has head dim {t.shape[-1]} but q has {head_dim}; they must match")
-    if k.shape[:-1] != v.shape[:-1]:
-        raise ValueError(f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}; k and v must agree "
-                         f"in {layout[1:-1].rsplit(',', 1)[0]}")
-    if not varlen and k.shape[0] != q.shape[0]:
-        raise ValueError(f"k has batch {k.shape[0]} but q has batch {q.shape[0]}")
-    nheads_q, nheads_k = q.shape[-2], k.shape[-2]
+    for name, shape in (("k", k_shape), ("v", v_shape)):
+        if shape[-1] != head_dim:
+            raise ValueError(f"{name} has head dim {shape[-1]} but q has {head_dim}; they must match")
+    if k_shape != v_shape:      # head dims are equal by now: the other dims differ
+        agree = "total, nheads" if varlen else "batch, seqlen, nheads"
+        raise ValueError(f"k has shape {tuple(k_shape)} but v has {tuple(v_shape)}; k and v must agree "
+                         f"in {agree}")
+    if not varlen and k_shape[0] != q_shape[0]:
+        raise ValueError(f"k has batch {k_shape[0]} but q has batch {q_shape[0]}")
+    nheads_q, nheads_k = q_shape[-2], k_shape[-2]
     if nheads_k == 0 or nheads_q % nheads_k != 0:
         raise ValueError(f"q has {nheads_q} heads and k/v have {nheads_k}: the number of query heads must "
                          "be a multiple of the number of key/value heads (MHA, GQA or MQA)")
@@ -167,9 +181,11 @@ def _check_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
             raise ValueError(f"{name} is {value!r}; supported: an int >= the longest sequence")
     if torch.compiler.is_compiling():
         return  # the checks below read the tensors (a host sync); under torch.compile they are skipped
-    # One host sync for every data check: [first, min step, last, max step] of each.
-    stats = torch.stack([torch.stack([cu[0], torch.diff(cu).min(), cu[-1], torch.diff(cu).max()])
-                         for cu in (cu_seqlens_q, cu_seqlens_k)]).tolist()
+    # One host sync for every data check: [first, min step, last, max step] of each (both have the same
+    # length by now, so they stack into one (2, nseq + 1) tensor: five small ops in all).
+    cu = torch.stack((cu_seqlens_q, cu_seqlens_k))
+    steps = torch.diff(cu, dim=1)
+    stats = torch.stack((cu[:, 0], steps.amin(dim=1), cu[:, -1], steps.amax(dim=1)), dim=1).tolist()
     for (first, min_step, last, max_step), name, total, max_len, max_name in (
             (stats[0], "cu_seqlens_q", q.shape[0], max_seqlen_q, "max_seqlen_q"),
             (stats[1], "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")):
@@ -186,7 +202,7 @@ def _check_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 def _run(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
          softmax_scale, window_left, window_right, bottom_right=True, softcap=0.0, alibi_slopes=None,
          attn_bias=None, dropout_p=0.0):
-    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
+    q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
     rng_state = new_rng_state(q.device) if dropout_p > 0 else None
     return _flash_attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                            window_left, window_right, bottom_right, softcap, alibi_slopes, attn_bias,
@@ -332,8 +348,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                          "set enable_gqa=True for grouped-query attention")
     if attn_mask is not None and is_causal:
         raise ValueError("attn_mask and is_causal are both set; pass one of them (as torch SDPA requires)")
-    q, k, v = (t.transpose(1, 2) for t in (query, key, value))       # (batch, seqlen, nheads, headdim)
-    _check_qkv(q, k, v, varlen=False)
+    # (batch, seqlen, nheads, headdim); check_tensor ran on query, key and value above.
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    _check_qkv_shapes(q, k, v, varlen=False)
     scale, left, right, _, _ = _check_options(
         q, batch=q.shape[0], dropout_p=dropout_p, softmax_scale=scale, causal=is_causal,
         window_size=(-1, -1), softcap=0.0, alibi_slopes=None)
@@ -356,16 +373,14 @@ def _mask_to_bias(attn_mask, q, k, squeezed):
     target = (batch, nheads, seqlen_q, k.shape[1])
     if squeezed and attn_mask.dim() == 3:
         attn_mask = attn_mask.unsqueeze(0)
-    try:
-        broadcast_ok = torch.broadcast_shapes(attn_mask.shape, target) == target
-    except RuntimeError:
-        broadcast_ok = False
-    if not broadcast_ok:
+    # torch.broadcast_shapes(attn_mask.shape, target) == target, spelled out (13 us cheaper per call):
+    # at most 4 dims, each 1 or equal to target's, aligned from the right.
+    shape = attn_mask.shape
+    if len(shape) > 4 or any(m != 1 and m != t for m, t in zip(shape, target[4 - len(shape):])):
         shown = target[1:] if squeezed else target
         raise ValueError(f"attn_mask has shape {tuple(attn_mask.shape)}, which does not broadcast to "
                          f"{shown} (batch, nheads, seqlen_q, seqlen_k)")
     if attn_mask.dtype == torch.bool:
-        # 0 where attending, -inf elsewhere, at the mask's own (un-broadcast) size.
-        attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
-            ~attn_mask, float("-inf"))
+        # 0 where attending, -inf elsewhere, at the mask's own (un-broadcast) size (two ops: fill, masked fill).
+        attn_mask = torch.full(shape, float("-inf"), dtype=q.dtype, device=q.device).masked_fill_(attn_mask, 0.0)
     return attn_mask.expand(target)                       # broadcast dims get stride 0: no copy
