@@ -386,15 +386,16 @@ def ada_layer_norm_gate_backward(dout: Tensor, gate: Tensor, y: Tensor):
     return dy, _reduce_partials(part, gate.shape[0], gate.dtype)
 
 
-# Elementwise tiles: at most 1024 columns (a warp's 32 threads x 8 bf16 x 4 vectors) and ~4096 elements
-# per program on 4 warps (32 per thread: two 16-byte loads of each bf16 input in flight).
-GATE_MAX_BLOCK_N, GATE_WARPS = 1024, 4
+# Elementwise tiles: at most 1024 columns (a warp's 32 threads x 8 bf16 x 4 vectors), ~4096 elements per
+# program, warps from the tile as in the row kernels (8 warps: 16 elements of each input per thread; on
+# 4 warps ptxas sm_90 needs 255 registers and spills for short rows, whose per-row indices add up).
+GATE_MAX_BLOCK_N = 1024
 
 
 def _elementwise_config(n_rows: int, n_cols: int) -> tuple[int, int, int]:
     block_n = min(next_power_of_2(n_cols), GATE_MAX_BLOCK_N)
     block_m = max(1, min(TILE_ELEMENTS // block_n, next_power_of_2(n_rows)))
-    return block_m, block_n, GATE_WARPS
+    return block_m, block_n, min(MAX_WARPS, max(1, block_m * block_n // ELEMENTS_PER_WARP))
 
 
 # ----------------------------------------------------------------------------------------------------
