@@ -1,0 +1,377 @@
+"""GroupNorm fused with a broadcast residual add and an activation: ``act(GN(x + residual))``, forward and
+backward in Triton.
+
+The diffusion block's ``norm -> SiLU`` (diffusers ResnetBlock2D: ``silu(norm(x + temb))`` with the time
+embedding temb of shape (N, C, 1, 1)) in one kernel per direction instead of four to six memory passes.
+x is (N, C, *spatial): NCHW contiguous, channels_last, (N, C, L) or any layout whose spatial dims flatten to
+one stride, read in place through (stride_n, stride_c, stride_hw); y comes out in x's layout
+(``torch.empty_like``), never copied. The math and the kernels are in ``group_norm_details/_kernels.py``;
+this file holds the launch plan, the launchers, the torch.library ops and the public function.
+
+Layers: kernels -> launchers ``group_norm_forward`` / ``group_norm_backward`` -> torch.library ops
+``flashfuse::group_norm_fwd`` / ``_bwd`` with fake and autograd registrations (``torch.compile(fullgraph=
+True)`` sees one op; eager calls skip the dispatcher, see ``_custom_op.py``) -> public ``group_norm``.
+The plain PyTorch reference is ``reference/group_norm.py``.
+
+Saved for backward: x, the residual as given (for the (N, C, 1, 1) time embedding a few KB), weight, bias,
+and mean / rstd per (n, g). The sum s = x + residual is recomputed in the backward rather than saved: saving
+it would cost the forward a full-tensor write (a third more traffic) and the memory of a full activation,
+to save the backward one read of a full residual; a broadcast residual is nearly free to re-read.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+from torch import Tensor
+
+from .._checks import check_same, check_tensor
+from ._custom_op import FlashfuseOp
+from ._triton import next_power_of_2
+from .group_norm_details._kernels import (
+    _group_norm_bwd_kernel,
+    _group_norm_bwd_sums_kernel,
+    _group_norm_fwd_kernel,
+    _group_norm_fwd_stats_kernel,
+)
+from .norm import _sm_count
+
+ACTIVATIONS = {"none": 0, "silu": 1, "mish": 2, "gelu": 3}      # codes of group_norm_details/_kernels.py
+MODE_ONE_TILE, MODE_LOOP, MODE_SPLIT = 0, 1, 2
+
+# Largest group held in registers as one tile (BLOCK_C x BLOCK_HW, padded to powers of 2). Forward: 16384
+# values on 16 warps are 32 fp32 per thread, as norm.py's 16384-column rows (no spills on sm_90). Backward
+# holds s, dy and the derived x_hat, dz, g per element: half as many.
+ONE_TILE_FWD, ONE_TILE_BWD = 16384, 8192
+# Larger groups loop over tiles of LOOP_TILE elements: 8 KiB of bf16 per tensor per program in flight
+# (glu.py measured 2048..8192-element blocks at copy bandwidth on an H200).
+LOOP_TILE = 4096
+# Warps from the tile size: 16 values per thread forward (two 16-byte bf16 vectors, as norm.py), 8
+# backward (dy and s per element, and three derived fp32 values), at most 16 warps.
+FWD_ELEMENTS_PER_WARP, BWD_ELEMENTS_PER_WARP, MAX_WARPS = 512, 256, 16
+# LOOP runs one program per group. Below 2 groups per SM it would leave SMs idle (SD's (2, 320, 64, 64)
+# has 64 groups for 132 SMs), so the groups are SPLIT into chunks for ~4 programs per SM, each chunk at
+# least MIN_CHUNK_ELEMENTS (4 KiB of bf16: smaller chunks cost more in launch and partials than they
+# gain). The price is a second kernel and a second read of x, from L2 for tensors that fit there (a
+# tensor that small enough to leave SMs idle usually does: (2, 320, 64, 64) bf16 is 5 MiB).
+SPLIT_BELOW_GROUPS_PER_SM, SPLIT_PROGRAMS_PER_SM, MIN_CHUNK_ELEMENTS = 2, 4, 2048
+INTERPRETER_SMS = 1   # in the interpreter (tests raise it to force SPLIT)
+
+
+class _Plan(NamedTuple):
+    mode: int
+    block_c: int
+    block_hw: int
+    chunk_hw: int        # pixels per chunk (HW unless SPLIT)
+    n_chunks: int
+    num_warps: int
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _plan(n: int, groups: int, cpg: int, hw: int, channels_contiguous: bool, one_tile: int, per_warp: int,
+          device: torch.device) -> _Plan:
+    """Tile shape and mode for groups of cpg channels x hw pixels."""
+    block_c, block_hw = next_power_of_2(cpg), next_power_of_2(hw)
+    if block_c * block_hw <= one_tile:
+        return _Plan(MODE_ONE_TILE, block_c, block_hw, hw, 1,
+                     min(MAX_WARPS, max(1, block_c * block_hw // per_warp)))
+    if not channels_contiguous:
+        # Pixels are contiguous (NCHW): long runs of HW per channel, and a channel block that divides the
+        # group (10 channels -> 2) so no lanes idle on padding channels.
+        block_c = min(cpg & -cpg, LOOP_TILE)
+    # channels_last: a pixel's cpg channels are the contiguous run, so the tile spans all of them.
+    block_c = min(block_c, LOOP_TILE)
+    block_hw = max(1, min(block_hw, LOOP_TILE // block_c))
+    chunk_hw, n_chunks = hw, 1
+    sms = _num_sms(device)
+    if n * groups < SPLIT_BELOW_GROUPS_PER_SM * sms:
+        want = triton.cdiv(SPLIT_PROGRAMS_PER_SM * sms, n * groups)
+        chunk_hw = max(triton.cdiv(hw, want), triton.cdiv(MIN_CHUNK_ELEMENTS, cpg))
+        block_hw = min(block_hw, next_power_of_2(chunk_hw))
+        chunk_hw = triton.cdiv(chunk_hw, block_hw) * block_hw
+        n_chunks = triton.cdiv(hw, chunk_hw)
+        if n_chunks == 1:
+            chunk_hw = hw
+    mode = MODE_SPLIT if n_chunks > 1 else MODE_LOOP
+    return _Plan(mode, block_c, block_hw, chunk_hw, n_chunks,
+                 min(MAX_WARPS, max(1, block_c * block_hw // per_warp)))
+
+
+def _alloc(shape, dtype, device) -> Tensor:
+    """Every fp32 buffer a kernel writes comes from here or _alloc_like (tests replace both with NaN
+    fills: an element a kernel forgets to write then fails the comparison)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _alloc_like(t: Tensor) -> Tensor:
+    """An output in t's layout (channels_last stays channels_last)."""
+    return torch.empty_like(t)
+
+
+def _nchw_strides(t: Tensor) -> Optional[tuple[int, int, int]]:
+    """(stride_n, stride_c, stride_hw) of an (N, C, *spatial) tensor whose spatial dims flatten into one
+    stride (NCHW, channels_last, (N, C, L), broadcast dims of stride 0), else None. stride_hw is 0 when
+    there is at most one pixel."""
+    dims = [(size, stride) for size, stride in zip(t.shape[2:], t.stride()[2:]) if size != 1]
+    for (_, outer), (size, inner) in zip(dims, dims[1:]):
+        if outer != inner * size:
+            return None
+    return t.stride(0), t.stride(1), dims[-1][1] if dims else 0
+
+
+def _as_nchw(t: Tensor) -> Tensor:
+    """t itself when its spatial dims flatten into one stride; a contiguous copy otherwise (rare layouts)."""
+    return t if _nchw_strides(t) is not None else t.contiguous()
+
+
+def _expand_residual(residual: Tensor, x: Tensor) -> Tensor:
+    """The residual broadcast to x's shape as a strided view (stride 0 on broadcast dims)."""
+    return _as_nchw(residual.expand(x.shape))
+
+
+def _dres_in_kernel(x: Tensor, residual: Optional[Tensor]) -> bool:
+    """The residual is broadcast over the pixels (the (N, C, 1, 1) time embedding): the backward kernel
+    sums dx over HW per (n, c) itself instead of writing a full-size gradient for torch to reduce."""
+    return residual is not None and _nchw_strides(_expand_residual(residual, x))[2] == 0
+
+
+def _geometry(x: Tensor, num_groups: int):
+    n, c = x.shape[0], x.shape[1]
+    hw = math.prod(x.shape[2:])
+    return n, c, hw, c // num_groups
+
+
+# ----------------------------------------------------------------------------------------------------
+# Launchers (no argument checks: the public function does them)
+# ----------------------------------------------------------------------------------------------------
+
+def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                       eps: float = 1e-5, activation: str = "none",
+                       residual: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+    """y = act(GN(x + residual)). x: (N, C, *spatial) whose spatial dims flatten into one stride; residual
+    broadcastable to x, same dtype; weight, bias: (C,) or None. Returns (y in x's layout and dtype,
+    mean (N, G) fp32, rstd (N, G) fp32)."""
+    n, c, hw, cpg = _geometry(x, num_groups)
+    y = _alloc_like(x)
+    mean = _alloc((n, num_groups), torch.float32, x.device)
+    rstd = _alloc((n, num_groups), torch.float32, x.device)
+    if x.numel() == 0:
+        return y, mean.zero_(), rstd.zero_()
+    r = x if residual is None else _expand_residual(residual, x)
+    sx, sr, sy = _nchw_strides(x), _nchw_strides(r), _nchw_strides(y)
+    plan = _plan(n, num_groups, cpg, hw, sx[1] == 1 and hw > 1, ONE_TILE_FWD, FWD_ELEMENTS_PER_WARP, x.device)
+    grid = (n * num_groups, plan.n_chunks)
+    part = mean  # stands in when there are no partials (never touched: MODE is not SPLIT)
+    if plan.mode == MODE_SPLIT:
+        part = _alloc((n * num_groups, plan.n_chunks, 2), torch.float32, x.device)
+        _group_norm_fwd_stats_kernel[grid](
+            x, r, part, hw, cpg, num_groups, plan.chunk_hw, plan.n_chunks, *sx, *sr,
+            HAS_RESIDUAL=residual is not None, BLOCK_C=plan.block_c, BLOCK_HW=plan.block_hw,
+            num_warps=plan.num_warps)
+    dummy = x  # stands in for absent weight / bias (HAS_* is False: never touched)
+    _group_norm_fwd_kernel[grid](
+        x, r, dummy if weight is None else weight, dummy if bias is None else bias, y, part, mean, rstd,
+        hw, cpg, num_groups, plan.chunk_hw, plan.n_chunks, float(cpg * hw), *sx, *sr, *sy, float(eps),
+        MODE=plan.mode, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
+        HAS_BIAS=bias is not None, ACTIVATION=ACTIVATIONS[activation], BLOCK_C=plan.block_c,
+        BLOCK_HW=plan.block_hw, BLOCK_K=next_power_of_2(plan.n_chunks), num_warps=plan.num_warps)
+    return y, mean, rstd
+
+
+def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation, compute_dw, compute_db,
+              compute_dres):
+    """(dx, dw or None, db or None, dresidual reduced in the kernel or None): see group_norm_backward."""
+    n, c, hw, cpg = _geometry(x, num_groups)
+    dy = _as_nchw(dy)
+    dx = _alloc_like(x)
+    dres_in_kernel = compute_dres and _dres_in_kernel(x, residual)
+    plan = _plan(n, num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD, BWD_ELEMENTS_PER_WARP,
+                 x.device)
+    k = plan.n_chunks
+    dw_part = _alloc((n, k, c), torch.float32, x.device) if compute_dw else None
+    db_part = _alloc((n, k, c), torch.float32, x.device) if compute_db else None
+    dres_part = _alloc((n, k, c), torch.float32, x.device) if dres_in_kernel else None
+    if x.numel() > 0:
+        r = x if residual is None else _expand_residual(residual, x)
+        sx, sr, sdy, sdx = _nchw_strides(x), _nchw_strides(r), _nchw_strides(dy), _nchw_strides(dx)
+        grid = (n * num_groups, k)
+        dummy = mean  # stands in for absent tensors (their HAS_* / COMPUTE_* is False: never touched)
+        sums = dummy
+        w, b = dummy if weight is None else weight, dummy if bias is None else bias
+        flags = dict(HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+                     ACTIVATION=ACTIVATIONS[activation], COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+                     BLOCK_C=plan.block_c, BLOCK_HW=plan.block_hw, num_warps=plan.num_warps)
+        if plan.mode == MODE_SPLIT:
+            sums = _alloc((n * num_groups, k, 2), torch.float32, x.device)
+            _group_norm_bwd_sums_kernel[grid](
+                x, r, dy, w, b, mean, rstd, sums, dummy if dw_part is None else dw_part,
+                dummy if db_part is None else db_part, c, hw, cpg, num_groups, plan.chunk_hw, k,
+                *sx, *sr, *sdy, **flags)
+        _group_norm_bwd_kernel[grid](
+            x, r, dy, w, b, mean, rstd, sums, dx, dummy if dw_part is None else dw_part,
+            dummy if db_part is None else db_part, dummy if dres_part is None else dres_part,
+            c, hw, cpg, num_groups, plan.chunk_hw, k, float(cpg * hw), *sx, *sr, *sdy, *sdx,
+            MODE=plan.mode, HAS_DRES=dres_in_kernel, BLOCK_K=next_power_of_2(k), **flags)
+    dw = dw_part.sum((0, 1)).to(weight.dtype) if compute_dw else None
+    db = db_part.sum((0, 1)).to(bias.dtype) if compute_db else None
+    dres = None
+    if dres_in_kernel:
+        spatial_ones = (1,) * (x.dim() - 2)
+        dres = dres_part.sum(1).view(n, c, *spatial_ones).sum_to_size(residual.shape).to(residual.dtype)
+    return dx, dw, db, dres
+
+
+def group_norm_backward(dy: Tensor, x: Tensor, num_groups: int, weight: Optional[Tensor], bias: Optional[Tensor],
+                        mean: Tensor, rstd: Tensor, activation: str = "none", residual: Optional[Tensor] = None,
+                        compute_dw: bool = True, compute_db: bool = True,
+                        compute_dres: bool = True) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    """Gradients of y = act(GN(x + residual)) given dy (x's shape, any layout): (dx in x's layout, dweight,
+    dbias, dresidual of the residual's shape); None for an absent or unrequested one. mean / rstd from
+    group_norm_forward; s = x + residual and z are recomputed."""
+    compute_dw = compute_dw and weight is not None
+    compute_db = compute_db and bias is not None
+    compute_dres = compute_dres and residual is not None
+    dx, dw, db, dres = _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation, compute_dw,
+                                 compute_db, compute_dres)
+    if compute_dres and dres is None:
+        dres = dx.sum_to_size(residual.shape)        # a full-spatial residual: dres = dx (summed over N / C)
+    return dx, dw, db, dres
+
+
+# ----------------------------------------------------------------------------------------------------
+# torch.library ops; an absent dw / db / in-kernel dresidual is an empty tensor (ops cannot return None)
+# ----------------------------------------------------------------------------------------------------
+
+def _empty(t: Tensor) -> Tensor:
+    return t.new_empty(0)
+
+
+def _group_norm_fwd_impl(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor],
+                         num_groups: int, eps: float, activation: str) -> tuple[Tensor, Tensor, Tensor]:
+    return group_norm_forward(x, num_groups, weight, bias, eps, activation, residual)
+
+
+def _group_norm_fwd_fake(x, residual, weight, bias, num_groups, eps, activation):
+    stat = x.new_empty((x.shape[0], num_groups), dtype=torch.float32)
+    return torch.empty_like(x), stat, stat.new_empty(stat.shape)
+
+
+def _group_norm_bwd_impl(dy: Tensor, x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
+                         bias: Optional[Tensor], mean: Tensor, rstd: Tensor, num_groups: int, activation: str,
+                         compute_dw: bool, compute_db: bool,
+                         compute_dres: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    dx, dw, db, dres = _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation, compute_dw,
+                                 compute_db, compute_dres)
+    return dx, *(_empty(x) if t is None else t for t in (dw, db, dres))
+
+
+def _group_norm_bwd_fake(dy, x, residual, weight, bias, mean, rstd, num_groups, activation, compute_dw,
+                         compute_db, compute_dres):
+    dw = weight.new_empty(weight.shape) if compute_dw else _empty(x)
+    db = bias.new_empty(bias.shape) if compute_db else _empty(x)
+    dres = residual.new_empty(residual.shape) if compute_dres and _dres_in_kernel(x, residual) else _empty(x)
+    return torch.empty_like(x), dw, db, dres
+
+
+def _setup_context(ctx, inputs, output):
+    x, residual, weight, bias, num_groups, _eps, activation = inputs
+    _y, mean, rstd = output
+    ctx.num_groups, ctx.activation = num_groups, activation
+    ctx.save_for_backward(x, residual, weight, bias, mean, rstd)
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def _backward_formula(ctx, dy, _dmean, _drstd):
+    x, residual, weight, bias, mean, rstd = ctx.saved_tensors
+    compute_dw = weight is not None and ctx.needs_input_grad[2]
+    compute_db = bias is not None and ctx.needs_input_grad[3]
+    compute_dres = residual is not None and ctx.needs_input_grad[1]
+    dx, dw, db, dres = _group_norm_bwd(_as_nchw(dy), x, residual, weight, bias, mean, rstd, ctx.num_groups,
+                                       ctx.activation, compute_dw, compute_db, compute_dres)
+    if compute_dres and not _dres_in_kernel(x, residual):
+        dres = dx.sum_to_size(residual.shape)
+    return (dx, dres if compute_dres else None, dw if compute_dw else None, db if compute_db else None,
+            None, None, None)
+
+
+_group_norm_bwd = FlashfuseOp("flashfuse::group_norm_bwd", _group_norm_bwd_impl, fake=_group_norm_bwd_fake)
+_group_norm_fwd = FlashfuseOp("flashfuse::group_norm_fwd", _group_norm_fwd_impl, fake=_group_norm_fwd_fake,
+                              setup_context=_setup_context, backward=_backward_formula)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Public function
+# ----------------------------------------------------------------------------------------------------
+
+def _check_inputs(x, num_groups, weight, bias, eps, activation, residual):
+    check_tensor("x", x)
+    if x.dim() < 2:
+        raise ValueError(f"x has shape {tuple(x.shape)}; expected (N, C, *spatial) with at least 2 dims")
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
+        raise ValueError(f"num_groups is {num_groups!r}; supported: an int >= 1 that divides the channels")
+    c = x.shape[1]
+    if c % num_groups != 0:
+        raise ValueError(f"x has {c} channels (x.shape[1]), not divisible by num_groups={num_groups}")
+    if activation not in (None, "silu", "mish", "gelu"):
+        raise ValueError(f"activation is {activation!r}; supported: None, 'silu', 'mish', 'gelu'")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None:
+            continue
+        check_tensor(name, p)
+        check_same(("x", name), (x, p), dtype=False)
+        if tuple(p.shape) != (c,):
+            raise ValueError(f"{name} has shape {tuple(p.shape)}; expected ({c},), the channels (x.shape[1])")
+    if residual is not None:
+        check_tensor("residual", residual)
+        check_same(("x", "residual"), (x, residual))
+        try:
+            ok = residual.dim() <= x.dim() and torch.broadcast_shapes(residual.shape, x.shape) == x.shape
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"residual has shape {tuple(residual.shape)}, not broadcastable to x's "
+                             f"{tuple(x.shape)} (e.g. the time embedding (N, C, 1, 1) or x's shape)")
+    if not torch.compiler.is_compiling() and (
+            isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0):
+        raise ValueError(f"eps is {eps!r}; supported: a finite number >= 0")
+    span = sum((size - 1) * abs(stride) for size, stride in zip(x.shape[1:], x.stride()[1:]))
+    if not torch.compiler.is_compiling() and span >= 2**31:
+        raise ValueError(f"x has shape {tuple(x.shape)}: one sample spans >= 2^31 elements, which the kernels' "
+                         "32-bit offsets within a sample do not cover")
+
+
+def group_norm(x: Tensor, num_groups: int, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+               eps: float = 1e-5, activation: Optional[str] = None, residual: Optional[Tensor] = None) -> Tensor:
+    """``act(GroupNorm(x + residual))`` in one Triton kernel, differentiable in x, weight, bias and residual.
+
+    Shapes: x (N, C, *spatial), e.g. (N, C, H, W) in NCHW or channels_last, or (N, C, L); read in place
+    whenever the spatial dims flatten into one stride (NCHW, channels_last, (N, C, L)); y has x's shape,
+    dtype and layout. weight, bias: (C,) or None (their dtype may differ from x's, e.g. fp32 parameters
+    with bf16 activations). residual: broadcastable to x, same dtype, e.g. the time embedding (N, C, 1, 1)
+    of diffusers' ResnetBlock2D, or a full tensor; its gradient is summed over the broadcast dims.
+    fp16, bf16 or fp32; statistics (mean, biased variance per (sample, group)) in fp32.
+
+    Computes s = x + residual (rounded to x's dtype, like torch's add), z = (s - mean) / sqrt(var + eps) *
+    weight + bias over each group of C / num_groups channels x all pixels, y = act(z) with activation None,
+    "silu", "mish" (z * tanh(softplus(z))) or "gelu" (exact, erf).
+
+    Example::
+
+        x = torch.randn(2, 320, 64, 64, device="cuda", dtype=torch.float16)
+        temb = torch.randn(2, 320, 1, 1, device="cuda", dtype=torch.float16)
+        gn = torch.nn.GroupNorm(32, 320, device="cuda", dtype=torch.float16)
+        y = group_norm(x, 32, gn.weight, gn.bias, gn.eps, activation="silu", residual=temb)
+        # == torch.nn.functional.silu(gn(x + temb))
+    """
+    _check_inputs(x, num_groups, weight, bias, eps, activation, residual)
+    y, _, _ = _group_norm_fwd(_as_nchw(x), residual, weight, bias, num_groups, float(eps),
+                              "none" if activation is None else activation)
+    return y

@@ -1,0 +1,1 @@
+"""Private details of ``flashfuse.ops.group_norm``: its Triton kernels."""
