@@ -1,0 +1,243 @@
+"""group_norm, CPU tier: outputs and every gradient against the float64 reference (Triton's interpreter on CPU
+tensors; the GPU tier is test_group_norm_gpu.py) in NCHW, channels_last and (N, C, L), every activation,
+full and broadcast residuals, the three launch modes (one tile, loop, split), torch's GroupNorm, the nn
+module, torch.compile, and error messages.
+
+Every buffer the kernels write starts as NaN (fixture ``poison``), so an element a kernel forgets to
+write fails the comparison; NaN never passes (rel_err of a NaN is NaN, and NaN < tol is False).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashfuse.ops.group_norm as gn_ops
+from flashfuse.nn.group_norm import GroupNormAct
+from flashfuse.ops.group_norm import group_norm
+from flashfuse.reference.group_norm import group_norm_ref
+
+F32, F16 = torch.float32, torch.float16
+# Relative error ||out - ref|| / ||ref|| against float64: fp32 kernels measure ~1e-7; fp16 rounds the
+# residual sum and each output once, ~3e-4.
+TOL = {F32: 1e-5, F16: 2e-3}
+CL = torch.channels_last
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    def alloc(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(gn_ops, "_alloc", alloc)
+    monkeypatch.setattr(gn_ops, "_alloc_like", lambda t: torch.full_like(t, float("nan")))
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def leaf(t, dtype=None):
+    return None if t is None else t.detach().to(dtype or t.dtype).requires_grad_()
+
+
+def make(shape, dtype, device, *, layout=None, weight=True, bias=True, residual=None, shift=0.0):
+    """x (+ weight, bias, residual). residual: None, "full" or a shape to broadcast (e.g. (N, C, 1, 1))."""
+    c = shape[1]
+    x = (torch.randn(shape, device=device) * 2 + shift).to(dtype)
+    t = {"x": x if layout is None else x.to(memory_format=layout)}
+    t["weight"] = (1 + 0.5 * torch.randn(c, device=device)).to(dtype) if weight else None
+    t["bias"] = (0.5 * torch.randn(c, device=device)).to(dtype) if bias else None
+    if residual == "full":
+        r = torch.randn(shape, device=device).to(dtype)
+        t["residual"] = r if layout is None else r.to(memory_format=layout)
+    elif residual is not None:
+        t["residual"] = torch.randn(residual, device=device).to(dtype)
+    else:
+        t["residual"] = None
+    return t
+
+
+def check(tensors, num_groups, activation, tol, eps=1e-5):
+    """group_norm vs the float64 reference on the same tensors: output, its layout, and the gradient of
+    every input (the same random cotangent through both)."""
+    ours = {k: leaf(v) for k, v in tensors.items()}
+    refs = {k: leaf(v, torch.float64) for k, v in tensors.items()}
+    y = group_norm(ours["x"], num_groups, ours["weight"], ours["bias"], eps, activation, ours["residual"])
+    ref = group_norm_ref(refs["x"], num_groups, refs["weight"], refs["bias"], eps, activation, refs["residual"])
+    x = tensors["x"]
+    assert y.shape == x.shape and y.dtype == x.dtype
+    assert y.stride() == x.stride(), "the output must keep x's layout (no copy)"
+    assert torch.isfinite(y).all(), "non-finite output"
+    err = rel_err(y, ref)
+    assert err < tol, f"output rel err {err:.2e} >= {tol:.0e}"
+    cot = torch.randn(x.shape, dtype=torch.float64, device=x.device)
+    (y.double() * cot).sum().backward()
+    (ref * cot).sum().backward()
+    for name, t in ours.items():
+        if t is None:
+            continue
+        assert t.grad is not None, f"no gradient for {name}"
+        assert t.grad.dtype == t.dtype and t.grad.shape == t.shape
+        assert torch.isfinite(t.grad).all(), f"non-finite d{name}"
+        err = rel_err(t.grad, refs[name].grad)
+        assert err < tol, f"d{name} rel err {err:.2e} >= {tol:.0e}"
+    assert ours["x"].grad.stride() == x.stride(), "dx must keep x's layout"
+    return y
+
+
+# (shape, dtype, layout, activation, weight, bias, residual)
+CASES = [
+    pytest.param((2, 12, 5, 7), F32, None, "silu", True, True, (2, 12, 1, 1), id="nchw-silu-temb"),
+    pytest.param((2, 12, 5, 7), F32, CL, "silu", True, True, (2, 12, 1, 1), id="cl-silu-temb"),
+    pytest.param((2, 12, 5, 7), F32, CL, "mish", True, True, "full", id="cl-mish-full"),
+    pytest.param((2, 12, 5, 7), F32, None, "gelu", False, False, "full", id="nchw-gelu-full-noaffine"),
+    pytest.param((3, 12, 11), F32, None, "mish", True, False, (3, 12, 1), id="ncl-mish-temb"),
+    pytest.param((3, 12, 11), F32, None, None, False, True, None, id="ncl-none-bias"),
+    pytest.param((2, 12, 5, 7), F32, None, None, True, False, (12, 1, 1), id="nchw-none-channel-residual"),
+    pytest.param((2, 12, 5, 7), F32, CL, "gelu", True, True, (1, 1, 5, 7), id="cl-gelu-spatial-residual"),
+    pytest.param((2, 12, 5, 7), F16, None, "silu", True, True, (2, 12, 1, 1), id="nchw-silu-temb-fp16"),
+    pytest.param((2, 12, 5, 7), F16, CL, "silu", True, True, "full", id="cl-silu-full-fp16"),
+]
+
+
+@pytest.mark.parametrize("shape, dtype, layout, activation, weight, bias, residual", CASES)
+def test_group_norm(device, shape, dtype, layout, activation, weight, bias, residual):
+    t = make(shape, dtype, device, layout=layout, weight=weight, bias=bias, residual=residual)
+    y = check(t, 3, activation, TOL[dtype])
+    if layout is CL:
+        assert y.is_contiguous(memory_format=CL)
+
+
+@pytest.mark.parametrize("mode", ["loop", "split"])
+@pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
+def test_launch_modes(device, monkeypatch, mode, layout):
+    """Small caps force the looped (two passes in one program) and the split (stats kernel + partials)
+    paths, with partial last tiles and chunks (5 x 7 = 35 pixels: tiles of 4 x 4, chunks of 12, 12 and 11 pixels)."""
+    monkeypatch.setattr(gn_ops, "ONE_TILE_FWD", 16)
+    monkeypatch.setattr(gn_ops, "ONE_TILE_BWD", 16)
+    monkeypatch.setattr(gn_ops, "LOOP_TILE", 16)
+    if mode == "split":
+        monkeypatch.setattr(gn_ops, "INTERPRETER_SMS", 4)
+        monkeypatch.setattr(gn_ops, "MIN_CHUNK_ELEMENTS", 16)
+    x = torch.randn(2, 12, 5, 7, device=device)
+    cl = layout is CL
+    plan = gn_ops._plan(2, 3, 4, 35, cl, 16, gn_ops.FWD_ELEMENTS_PER_WARP, x.device)
+    assert plan.mode == (gn_ops.MODE_SPLIT if mode == "split" else gn_ops.MODE_LOOP)
+    assert plan.n_chunks == (3 if mode == "split" else 1) and plan.block_hw == 4
+    # A mean far from 0 checks that the variance is not E[s^2] - mean^2.
+    t = make((2, 12, 5, 7), F32, device, layout=layout, residual=(2, 12, 1, 1) if cl else "full", shift=30.0)
+    check(t, 3, "silu", TOL[F32])
+
+
+def test_matches_torch_group_norm(device):
+    """Equal to torch's GroupNorm followed by torch's activation (fp32; exact gelu)."""
+    x = torch.randn(2, 12, 5, 7, device=device)
+    w, b = torch.randn(12, device=device), torch.randn(12, device=device)
+    temb = torch.randn(2, 12, 1, 1, device=device)
+    base = F.group_norm(x + temb, 3, w, b, 1e-6)
+    for activation, fn in (("silu", F.silu), ("mish", F.mish), ("gelu", F.gelu), (None, lambda t: t)):
+        y = group_norm(x, 3, w, b, 1e-6, activation, temb)
+        torch.testing.assert_close(y, fn(base), rtol=1e-5, atol=1e-5)
+    xc = x.to(memory_format=CL)
+    torch.testing.assert_close(group_norm(xc, 4, w, b), F.group_norm(x, 4, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_module_matches_torch(device):
+    """GroupNormAct loads torch.nn.GroupNorm's state dict and equals GroupNorm + SiLU, forward and backward."""
+    ours = GroupNormAct(3, 12, eps=1e-6, activation="silu", device=device)
+    theirs = torch.nn.GroupNorm(3, 12, eps=1e-6, device=device)
+    with torch.no_grad():
+        theirs.weight.normal_(1.0, 0.3)
+        theirs.bias.normal_(0.0, 0.3)
+    assert set(ours.state_dict()) == set(theirs.state_dict())
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(2, 12, 5, 7, device=device).to(memory_format=CL)
+    temb = torch.randn(2, 12, 1, 1, device=device)
+    xa, xb, ta, tb = leaf(x), leaf(x), leaf(temb), leaf(temb)
+    ya, yb = ours(xa, residual=ta), F.silu(theirs(xb + tb))
+    assert rel_err(ya, yb) < TOL[F32]
+    g = torch.randn_like(ya)
+    ya.backward(g)
+    yb.backward(g)
+    for a, b in ((xa.grad, xb.grad), (ta.grad, tb.grad), (ours.weight.grad, theirs.weight.grad),
+                 (ours.bias.grad, theirs.bias.grad)):
+        assert rel_err(a, b) < TOL[F32]
+    plain = GroupNormAct(3, 12, affine=False, device=device)
+    torch.testing.assert_close(plain(x), F.group_norm(x, 3), rtol=1e-5, atol=1e-5)
+    assert "activation='silu'" in repr(ours)
+    with pytest.raises(ValueError, match="activation is 'relu'; supported: None, 'silu', 'mish', 'gelu'"):
+        GroupNormAct(3, 12, activation="relu")
+    with pytest.raises(ValueError, match=r"x has 6 channels \(x.shape\[1\]\); this GroupNormAct expects 12"):
+        ours(torch.randn(2, 6, 5, device=device))
+
+
+def test_compile_fullgraph(device):
+    """The custom ops trace as one node each (fake + autograd registrations), forward and backward."""
+    t = make((2, 12, 5, 7), F32, device, layout=CL, residual=(2, 12, 1, 1))
+
+    def block(x, weight, bias, residual):
+        return group_norm(x, 3, weight, bias, 1e-5, "silu", residual) * 2
+
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    eager_in = {k: leaf(v) for k, v in t.items()}
+    comp_in = {k: leaf(v) for k, v in t.items()}
+    outs = []
+    for fn, inputs in ((block, eager_in), (compiled, comp_in)):
+        y = fn(**inputs)
+        y.pow(2).sum().backward()
+        outs.append(y)
+    torch.testing.assert_close(outs[1], outs[0])
+    assert outs[1].stride() == t["x"].stride()
+    for k in t:
+        torch.testing.assert_close(comp_in[k].grad, eager_in[k].grad)
+
+
+def test_opcheck(device):
+    x = torch.randn(2, 4, 3, device=device, requires_grad=True)
+    w = torch.randn(4, device=device, requires_grad=True)
+    r = torch.randn(2, 4, 1, device=device, requires_grad=True)
+    torch.library.opcheck(torch.ops.flashfuse.group_norm_fwd, (x, r, w, None, 2, 1e-5, "mish"))
+
+
+def test_odd_layouts_and_unused_grads(device):
+    """A layout whose spatial dims do not flatten (W-major) is copied, not misread; (N, C) inputs; only
+    some inputs requiring grad."""
+    x = torch.randn(2, 12, 7, 5, device=device).transpose(2, 3)          # (2, 12, 5, 7), strides (420, 35, 1, 5)
+    assert gn_ops._nchw_strides(x) is None
+    w = torch.randn(12, device=device)
+    torch.testing.assert_close(group_norm(x, 3, w), F.group_norm(x, 3, w), rtol=1e-5, atol=1e-5)
+    x2 = torch.randn(5, 12, device=device)
+    torch.testing.assert_close(group_norm(x2, 4, activation="gelu"), F.gelu(F.group_norm(x2, 4)), rtol=1e-5,
+                               atol=1e-5)
+    xl, r = leaf(torch.randn(2, 12, 5, device=device)), torch.randn(2, 12, 1, device=device)
+    wl = leaf(w)
+    group_norm(xl, 3, wl, None, residual=r).sum().backward()
+    ref_x, ref_w = leaf(xl), leaf(w)
+    F.group_norm(ref_x + r, 3, ref_w).sum().backward()
+    torch.testing.assert_close(xl.grad, ref_x.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(wl.grad, ref_w.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_errors(device):
+    x = torch.randn(2, 12, 5, device=device)
+    with pytest.raises(ValueError, match=r"x has 12 channels \(x.shape\[1\]\), not divisible by num_groups=5"):
+        group_norm(x, 5)
+    with pytest.raises(ValueError, match="activation is 'relu'; supported: None, 'silu', 'mish', 'gelu'"):
+        group_norm(x, 3, activation="relu")
+    with pytest.raises(ValueError, match=r"residual has shape \(2, 12, 4\), not broadcastable to x's \(2, 12, 5\)"):
+        group_norm(x, 3, residual=torch.randn(2, 12, 4, device=device))
+    with pytest.raises(ValueError, match=r"residual has shape \(3, 2, 12, 5\), not broadcastable"):
+        group_norm(x, 3, residual=torch.randn(3, 2, 12, 5, device=device))
+    with pytest.raises(TypeError, match="x has dtype torch.int64; supported: float16, bfloat16, float32"):
+        group_norm(torch.ones(2, 12, 5, dtype=torch.int64, device=device), 3)
+    with pytest.raises(TypeError, match="residual has dtype torch.float16 but x has torch.float32"):
+        group_norm(x, 3, residual=torch.randn(2, 12, 1, device=device, dtype=F16))
+    with pytest.raises(ValueError, match=r"weight has shape \(6,\); expected \(12,\)"):
+        group_norm(x, 3, torch.randn(6, device=device))
+    with pytest.raises(ValueError, match="num_groups is 0; supported: an int >= 1"):
+        group_norm(x, 0)
+    with pytest.raises(ValueError, match="eps is -1.0; supported: a finite number >= 0"):
+        group_norm(x, 3, eps=-1.0)
+    with pytest.raises(ValueError, match=r"x has shape \(12,\); expected \(N, C, \*spatial\)"):
+        group_norm(torch.randn(12, device=device), 3)
