@@ -46,17 +46,20 @@ MODE_ONE_TILE, MODE_LOOP, MODE_SPLIT = 0, 1, 2
 # values on 16 warps are 32 fp32 per thread, as norm.py's 16384-column rows (no spills on sm_90). Backward
 # holds s, dy and the derived x_hat, dz, g per element: half as many.
 ONE_TILE_FWD, ONE_TILE_BWD = 16384, 8192
-# Larger groups loop over tiles of LOOP_TILE elements: 8 KiB of bf16 per tensor per program in flight
-# (glu.py measured 2048..8192-element blocks at copy bandwidth on an H200).
-LOOP_TILE = 4096
-# Warps from the tile size: 16 values per thread forward (two 16-byte bf16 vectors, as norm.py), 8
-# backward (dy and s per element, and three derived fp32 values), at most 16 warps.
-FWD_ELEMENTS_PER_WARP, BWD_ELEMENTS_PER_WARP, MAX_WARPS = 512, 256, 16
+# Larger groups loop over tiles of LOOP_TILE elements (glu.py measured 1024..8192-element blocks at copy
+# bandwidth on an H200). 2048 on 8 warps: the largest that compiles without spills in every variant
+# (ptxas sm_90, triton 3.6: 4096 on 16 warps spilled 28 bytes in the split channels_last backward).
+LOOP_TILE = 2048
+# Warps from the tile size: one-tile forward 16 values per thread (two 16-byte bf16 vectors, as norm.py),
+# one-tile backward 8 (it keeps s, dy and three derived fp32 values per element), at most 16 warps. Looped
+# tiles (LOOP, SPLIT) take 8 values per thread in both directions: ptxas (sm_90, triton 3.6) spilled the
+# looped forward at 16 per thread (80 registers, 40 bytes spilled) and not at 8 (51 registers).
+FWD_ELEMENTS_PER_WARP, BWD_ELEMENTS_PER_WARP, LOOP_ELEMENTS_PER_WARP, MAX_WARPS = 512, 256, 256, 16
 # LOOP runs one program per group. Below 2 groups per SM it would leave SMs idle (SD's (2, 320, 64, 64)
 # has 64 groups for 132 SMs), so the groups are SPLIT into chunks for ~4 programs per SM, each chunk at
 # least MIN_CHUNK_ELEMENTS (4 KiB of bf16: smaller chunks cost more in launch and partials than they
 # gain). The price is a second kernel and a second read of x, from L2 for tensors that fit there (a
-# tensor that small enough to leave SMs idle usually does: (2, 320, 64, 64) bf16 is 5 MiB).
+# tensor small enough to leave SMs idle usually does: (2, 320, 64, 64) bf16 is 5 MiB).
 SPLIT_BELOW_GROUPS_PER_SM, SPLIT_PROGRAMS_PER_SM, MIN_CHUNK_ELEMENTS = 2, 4, 2048
 INTERPRETER_SMS = 1   # in the interpreter (tests raise it to force SPLIT)
 
@@ -78,7 +81,8 @@ def _num_sms(device: torch.device) -> int:
 
 def _plan(n: int, groups: int, cpg: int, hw: int, channels_contiguous: bool, one_tile: int, per_warp: int,
           device: torch.device) -> _Plan:
-    """Tile shape and mode for groups of cpg channels x hw pixels."""
+    """Tile shape and mode for groups of cpg channels x hw pixels (per_warp: elements per warp of a one-tile
+    group)."""
     block_c, block_hw = next_power_of_2(cpg), next_power_of_2(hw)
     if block_c * block_hw <= one_tile:
         return _Plan(MODE_ONE_TILE, block_c, block_hw, hw, 1,
@@ -102,7 +106,7 @@ def _plan(n: int, groups: int, cpg: int, hw: int, channels_contiguous: bool, one
             chunk_hw = hw
     mode = MODE_SPLIT if n_chunks > 1 else MODE_LOOP
     return _Plan(mode, block_c, block_hw, chunk_hw, n_chunks,
-                 min(MAX_WARPS, max(1, block_c * block_hw // per_warp)))
+                 min(MAX_WARPS, max(1, block_c * block_hw // LOOP_ELEMENTS_PER_WARP)))
 
 
 def _alloc(shape, dtype, device) -> Tensor:

@@ -1,0 +1,106 @@
+"""group_norm, GPU tier: Stable Diffusion shapes in fp16 / bf16, NCHW and channels_last, every gradient against
+the float64 reference, the three launch modes at real sizes, GroupNormAct against torch, and
+torch.compile(fullgraph=True) with inductor."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashfuse.ops.group_norm as gn_ops
+from flashfuse.nn.group_norm import GroupNormAct
+from flashfuse.ops.group_norm import group_norm
+from test_group_norm import CL, check, leaf, make, poison, rel_err  # noqa: F401  (poison: autouse NaN fills)
+
+pytestmark = pytest.mark.gpu
+
+BF16, F16 = torch.bfloat16, torch.float16
+# Relative error against float64: the output and dx are rounded once to the dtype (bf16 unit roundoff
+# 2^-9, fp16 2^-12), s = x + residual once more; dw / db / dresidual are fp32 sums rounded once.
+TOL = {BF16: 1e-2, F16: 2e-3}
+
+# SD-1.5 / SDXL UNet GroupNorms (32 groups): ResnetBlock2D at 64x64 latents and the 128x128 / 32x32 levels.
+SD_SHAPES = [(2, 320, 64, 64), (8, 320, 128, 128), (16, 640, 64, 64), (16, 1280, 32, 32)]
+
+
+@pytest.mark.parametrize("shape", SD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [F16, BF16])
+@pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
+def test_sd_shapes_gpu(shape, dtype, layout):
+    """silu(GN(x + temb)) as in ResnetBlock2D, temb (N, C, 1, 1); x keeps its layout."""
+    t = make(shape, dtype, "cuda", layout=layout, residual=shape[:2] + (1, 1))
+    y = check(t, 32, "silu", TOL[dtype], eps=1e-6)
+    if layout is CL:
+        assert y.is_contiguous(memory_format=CL)
+
+
+@pytest.mark.parametrize("activation", [None, "mish", "gelu"])
+@pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
+def test_activations_full_residual_gpu(activation, layout):
+    t = make((4, 640, 32, 32), BF16, "cuda", layout=layout, residual="full", shift=3.0)
+    check(t, 32, activation, TOL[BF16])
+
+
+@pytest.mark.parametrize("shape, groups", [((3, 96, 37, 41), 32), ((1, 1280, 8, 8), 32), ((4, 64, 1000), 8),
+                                           ((1, 30, 300, 301), 3), ((5, 12, 1, 1), 4)],
+                         ids=["cpg3-odd", "small", "ncl", "big-groups", "hw1"])
+@pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
+def test_odd_shapes_gpu(shape, groups, layout):
+    if layout is CL and len(shape) != 4:
+        layout = None
+    t = make(shape, F16, "cuda", layout=layout, residual=shape[:2] + (1,) * (len(shape) - 2))
+    check(t, groups, "silu", TOL[F16])
+
+
+def test_modes_at_real_sizes_gpu():
+    """The launch plan on this GPU: small groups in one tile, SD's many-group shapes loop in one program
+    per group, (2, 320, 64, 64) (64 groups) splits to fill the SMs; each is checked above."""
+    def mode(n, c, hw, cl):
+        return gn_ops._plan(n, 32, c // 32, hw, cl, gn_ops.ONE_TILE_FWD, gn_ops.FWD_ELEMENTS_PER_WARP,
+                            torch.device("cuda")).mode
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert mode(16, 256, 256, False) == gn_ops.MODE_ONE_TILE
+    assert mode(2, 320, 4096, True) == (gn_ops.MODE_SPLIT if 64 < 2 * sms else gn_ops.MODE_LOOP)
+    assert mode(16, 640, 4096, False) == gn_ops.MODE_LOOP
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_module_matches_torch_gpu(dtype):
+    ours = GroupNormAct(32, 640, eps=1e-6, activation="silu", device="cuda", dtype=dtype)
+    theirs = torch.nn.GroupNorm(32, 640, eps=1e-6, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        theirs.weight.normal_(1.0, 0.3)
+        theirs.bias.normal_(0.0, 0.3)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(4, 640, 64, 64, device="cuda", dtype=dtype).to(memory_format=CL)
+    xa, xb = leaf(x), leaf(x)
+    ya, yb = ours(xa), F.silu(theirs(xb))
+    # torch rounds GN's output before the SiLU: two roundings against our one.
+    assert rel_err(ya, yb) < 2 * TOL[dtype]
+    g = torch.randn_like(ya)
+    ya.backward(g)
+    yb.backward(g)
+    for a, b in ((xa.grad, xb.grad), (ours.weight.grad, theirs.weight.grad), (ours.bias.grad, theirs.bias.grad)):
+        assert rel_err(a, b) < 2 * TOL[dtype]
+
+
+@pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_compile_inductor_gpu(layout, dtype):
+    """torch.compile(fullgraph=True) (inductor) around the op equals eager, forward and every gradient: the
+    op is one opaque node, the glue (a multiply by 2) is exact."""
+    t = make((8, 320, 64, 64), dtype, "cuda", layout=layout, residual=(8, 320, 1, 1))
+
+    def block(x, weight, bias, residual):
+        return group_norm(x, 32, weight, bias, 1e-6, "silu", residual) * 2
+
+    compiled = torch.compile(block, fullgraph=True)
+    eager_in = {k: leaf(v) for k, v in t.items()}
+    comp_in = {k: leaf(v) for k, v in t.items()}
+    outs = []
+    for fn, inputs in ((block, eager_in), (compiled, comp_in)):
+        y = fn(**inputs)
+        y.float().pow(2).sum().backward()
+        outs.append(y)
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
+    for k in t:
+        torch.testing.assert_close(comp_in[k].grad, eager_in[k].grad)
