@@ -19,6 +19,7 @@ from .ops.attention.interface import (  # noqa: E402
 )
 from .ops.cross_entropy import cross_entropy, fused_linear_cross_entropy  # noqa: E402
 from .ops.glu import geglu, swiglu  # noqa: E402
+from .ops.group_norm import group_norm  # noqa: E402
 from .ops.matmul import fused_mlp, gated_mlp, linear  # noqa: E402
 from .ops.norm import layer_norm, rms_norm  # noqa: E402
 from .ops.rope import apply_rotary_emb, apply_rotary_pos_emb  # noqa: E402
@@ -38,6 +39,7 @@ __all__ = [
     "fused_mlp",
     "gated_mlp",
     "geglu",
+    "group_norm",
     "layer_norm",
     "linear",
     "patch_transformers",

@@ -1,6 +1,7 @@
 """nn.Module drop-ins built on the flashfuse ops; parameter names match torch / transformers so state dicts load
 unchanged."""
 
+from .group_norm import GroupNormAct
 from .loss import FusedLinearCrossEntropyLoss
 from .mlp import FusedMLP, GeGLUMLP, SwiGLUMLP
 from .norm import LayerNorm, RMSNorm
@@ -10,6 +11,7 @@ __all__ = [
     "FusedLinearCrossEntropyLoss",
     "FusedMLP",
     "GeGLUMLP",
+    "GroupNormAct",
     "LayerNorm",
     "RMSNorm",
     "RotaryEmbedding",
