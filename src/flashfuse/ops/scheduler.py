@@ -47,6 +47,10 @@ from ._custom_op import FlashfuseOp
 
 COEFFICIENTS = ("P0", "P1", "P2", "E0", "E1", "E2", "E3", "C0", "C1", "C2", "C3")
 N_COEF = len(COEFFICIENTS)
+# fp32 arithmetic mirrors torch's: IEEE division (div_rn; Triton's default fp32 division is approximate,
+# 2 ulp) and no fused multiply-adds (enable_fp_fusion=False), so that with the same fp32 coefficients
+# every product and sum rounds where diffusers' separate ops round (the fp32 loops match bitwise in the
+# interpreter). Free here: the step is memory- or launch-bound.
 # 1024 elements per program on 4 warps: 8 per thread, one 16-byte vector of fp16/bf16 (two of fp32) for
 # each of the 3-4 streams; SD latents (2, 4, 64, 64) are 32 programs, SDXL's (2, 4, 128, 128) 128: the
 # step is launch-bound there, and bandwidth-bound (read 3 streams, write 1) at video sizes.
@@ -78,10 +82,10 @@ def _scheduler_step_kernel(
     m = o < n_elements
     s = tl.load(SAMPLE + o, mask=m, other=0.0).to(tl.float32)
     mo = tl.load(MODEL + o, mask=m, other=0.0).to(tl.float32)
-    x0 = (p0 * s + p1 * mo) / p2
+    x0 = tl.div_rn(p0 * s + p1 * mo, p2)
     if CLIP:
         x0 = tl.minimum(tl.maximum(x0, -clip_range), clip_range)
-    eps = (e0 * s + e1 * mo + e2 * x0) / e3
+    eps = tl.div_rn(e0 * s + e1 * mo + e2 * x0, e3)
     prev = c0 * x0 + c1 * s + c2 * eps
     if HAS_NOISE:
         z = tl.load(NOISE + o, mask=m, other=0.0).to(tl.float32)
@@ -110,7 +114,8 @@ def scheduler_step_forward(model_output: Tensor, sample: Tensor, noise: Optional
     _scheduler_step_kernel[(triton.cdiv(n, BLOCK),)](
         sample, model_output, sample if noise is None else noise, out, coefficients, step_index,
         n, coefficients.shape[0] - 1, float(clip_range),
-        CLIP=clip_range > 0, HAS_NOISE=noise is not None, N_COEF=N_COEF, BLOCK=BLOCK, num_warps=NUM_WARPS)
+        CLIP=clip_range > 0, HAS_NOISE=noise is not None, N_COEF=N_COEF, BLOCK=BLOCK, num_warps=NUM_WARPS,
+        enable_fp_fusion=False)
     return out
 
 
@@ -316,14 +321,15 @@ class FusedScheduler:
         return torch.tensor(start, dtype=torch.int64, device=self.coefficients.device)
 
     def timestep(self, step_index: Tensor) -> Tensor:
-        """The model's timestep for this step (a device gather, no sync)."""
-        return self.timesteps[step_index]
+        """The model's timestep for this step, a 0-dim device tensor (index_select: no host sync, unlike
+        indexing with a tensor, which may read it on the host)."""
+        return self.timesteps.index_select(0, step_index.reshape(1)).reshape(())
 
     def scale_model_input(self, sample: Tensor, step_index: Tensor) -> Tensor:
         """diffusers' ``scale_model_input``: Euler divides by sqrt(sigma^2 + 1); DDPM / DDIM return sample."""
         if self.input_divisors is None:
             return sample
-        return sample / self.input_divisors[step_index]
+        return sample / self.input_divisors.index_select(0, step_index.reshape(1)).reshape(())
 
     def step(self, model_output: Tensor, step_index: Tensor, sample: Tensor, noise: Optional[Tensor] = None) -> Tensor:
         """prev_sample of step ``step_index`` (a 0-dim integer tensor on the sample's device) in one kernel.
