@@ -59,16 +59,16 @@ def test_diffusers_ada_layer_norm_zero_gpu():
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
 def test_compile_fullgraph_gpu(dtype):
-    """A DiT half-block under torch.compile(fullgraph=True): bitwise equal to eager, forward and every
-    gradient (the ops are opaque nodes; the matmul glue is the same cuBLAS call)."""
+    """A DiT half-block (modulate, a stand-in branch, gated residual) under torch.compile(fullgraph=True):
+    bitwise equal to eager, forward and every gradient (the ops are opaque nodes; the glue, a multiply by
+    2, is exact, where a matmul's backward could pick other cuBLAS kernels under Inductor)."""
     b, t, d = 4, 256, 1152
     inputs = {"x": torch.randn(b, t, d, device="cuda", dtype=dtype),
-              "emb": torch.randn(b, 3 * d, device="cuda", dtype=dtype),
-              "w": (torch.randn(d, d, device="cuda") * d ** -0.5).to(dtype)}
+              "emb": torch.randn(b, 3 * d, device="cuda", dtype=dtype)}
 
-    def block(x, emb, w):
+    def block(x, emb):
         shift, scale, gate = emb.chunk(3, dim=1)
-        return ada_layer_norm_gate(x, gate, ada_layer_norm(x, scale, shift) @ w)
+        return ada_layer_norm_gate(x, gate, ada_layer_norm(x, scale, shift) * 2)
 
     compiled = torch.compile(block, fullgraph=True)
     cot = torch.randn(b, t, d, device="cuda", dtype=dtype)
