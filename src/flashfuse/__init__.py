@@ -21,11 +21,16 @@ from .ops.cross_entropy import cross_entropy, fused_linear_cross_entropy  # noqa
 from .ops.glu import geglu, swiglu  # noqa: E402
 from .ops.group_norm import group_norm  # noqa: E402
 from .ops.matmul import fused_mlp, gated_mlp, linear  # noqa: E402
+from .ops.modulation import ada_layer_norm, ada_layer_norm_gate  # noqa: E402
 from .ops.norm import layer_norm, rms_norm  # noqa: E402
 from .ops.rope import apply_rotary_emb, apply_rotary_pos_emb  # noqa: E402
+from .ops.scheduler import FusedScheduler  # noqa: E402
 from .integrations import patch_transformers, patched, unpatch_transformers  # noqa: E402  (no transformers import)
 
 __all__ = [
+    "FusedScheduler",
+    "ada_layer_norm",
+    "ada_layer_norm_gate",
     "apply_rotary_emb",
     "apply_rotary_pos_emb",
     "cross_entropy",

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from ..harness import Suite
 from .attention import Attention
+from .diffusion import Diffusion
 from .llm import LLM
 from .models import Models
 from .vector_add import VectorAdd
 
-SUITES: dict[str, type[Suite]] = {cls.name: cls for cls in (VectorAdd, Attention, LLM, Models)}
+SUITES: dict[str, type[Suite]] = {cls.name: cls for cls in (VectorAdd, Attention, LLM, Diffusion, Models)}
 
 
 def get_suite(name: str) -> Suite:

@@ -12,14 +12,10 @@ the 4096 x 4096 -> 16384 GELU MLP of the issue; cross entropy at Llama-3's vocab
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 
-from ..harness import Case, Provider, Skip, Suite, dtype_name
-from ..plots import Plot
+from ._ops import Op, OpSuite, flashfuse_op, liger
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -76,41 +72,6 @@ def flce_eager(h, w, labels):
 # ----------------------------------------------------------------------------------------------------
 # The ops
 # ----------------------------------------------------------------------------------------------------
-
-def _liger(fn_name: str, *extra, **kwargs):
-    """A Liger functional call; ``extra`` positional arguments go after the tensors (eps). Liger's norms
-    default to writing dx over dy (in_place=True); the harness replays one dy, so they run out of place."""
-    def call(*args):
-        try:
-            import liger_kernel.transformers.functional as lf
-        except ImportError as exc:
-            raise Skip(f"liger-kernel is not installed ({exc})") from exc
-        return getattr(lf, fn_name)(*args, *extra, **kwargs)
-    return call
-
-
-def _ff(module: str, name: str, **kwargs):
-    def call(*args):
-        import importlib
-        return getattr(importlib.import_module(f"flashfuse.ops.{module}"), name)(*args, **kwargs)
-    return call
-
-
-@dataclass
-class Op:
-    """inputs(params, dtype, device) -> tensors; eager(*inputs); flashfuse / liger callables (None: none);
-    bytes_per_elem(mode) -> bytes moved in units of (numel of the main tensor x element size)."""
-    inputs: Callable
-    eager: Callable
-    flashfuse: Callable
-    liger: Callable | None
-    shapes: tuple
-    cpu_shapes: tuple
-    modes: tuple = ("fwd", "fwd+bwd")
-    traffic: dict | None = None          # mode -> multiple of the main tensor's bytes (memory-bound ops)
-    flops: Callable | None = None        # (params, mode) -> FLOPs (matmul ops)
-    prepare: Callable | None = None      # inputs -> call arguments, untimed (e.g. RoPE tables from positions)
-
 
 def _rows(p, dtype, device):
     return (torch.randn(p["M"], p["N"], device=device, dtype=dtype),)
@@ -184,40 +145,6 @@ def _flce_flops(p, mode):
     return fwd * (3 if mode == "fwd+bwd" else 1)
 
 
-NORM_SHAPES = (dict(M=16384, N=4096), dict(M=32768, N=8192))
-NORM_CPU = (dict(M=37, N=123),)
-OPS: dict[str, Op] = {
-    # x (M, N) -> y: fwd reads x, writes y (2); backward reads x and dy, writes dx (3 more).
-    "rms_norm": Op(_norm_inputs, rms_norm_eager, _ff("norm", "rms_norm"), _liger("liger_rms_norm", 1e-6, in_place=False),
-                   NORM_SHAPES, NORM_CPU, traffic={"fwd": 2, "fwd+bwd": 5}),
-    # x + r -> (y, s): reads 2, writes 2; backward reads s, dy, ds, writes dx (one tensor serves dx and dr).
-    "add_rms_norm": Op(_add_norm_inputs, add_rms_norm_eager, _ff("norm", "rms_norm_add"),
-                       _liger("liger_fused_add_rms_norm", 1e-6, in_place=False), NORM_SHAPES[:1], NORM_CPU,
-                       traffic={"fwd": 4, "fwd+bwd": 8}),
-    "layer_norm": Op(_ln_inputs, layer_norm_eager, _ff("norm", "layer_norm"), _liger("liger_layer_norm", 1e-5),
-                     NORM_SHAPES, NORM_CPU, traffic={"fwd": 2, "fwd+bwd": 5}),
-    # q and k read and written once (cos/sin are 1/(Hq+Hk) of that and are not counted).
-    "rope": Op(_rope_inputs, rope_eager, _ff("rope", "apply_rotary_pos_emb"), _liger("liger_rope"),
-               (dict(B=4, S=4096, Hq=32, Hk=8, D=128),), (dict(B=2, S=5, Hq=4, Hk=2, D=16),),
-               traffic={"fwd": 2, "fwd+bwd": 4}, prepare=_rope_tables),
-    # gate, up -> out: fwd reads 2 writes 1; backward reads gate, up, dout, writes dgate, dup.
-    "swiglu": Op(_glu_inputs, swiglu_eager, _ff("glu", "swiglu"), _liger("liger_swiglu"),
-                 (dict(M=16384, N=14336),), (dict(M=37, N=123),), traffic={"fwd": 3, "fwd+bwd": 8}),
-    "geglu_tanh": Op(_glu_inputs, geglu_eager, _ff("glu", "geglu", approximate="tanh"), _liger("liger_geglu"),
-                     (dict(M=16384, N=14336),), (dict(M=37, N=123),), traffic={"fwd": 3, "fwd+bwd": 8}),
-    # The issue's 4096 x 4096 -> 16384 GELU MLP up-projection, and Llama-3-8B's gated one.
-    "linear_gelu": Op(_linear_inputs, linear_gelu_eager, _ff("matmul", "linear", activation="gelu_tanh"),
-                      None, (dict(M=4096, K=4096, N=16384), dict(M=16384, K=4096, N=16384)),
-                      (dict(M=37, K=45, N=29),), flops=_linear_flops),
-    "linear_swiglu": Op(_gated_inputs, linear_swiglu_eager, None, None,
-                        (dict(M=8192, K=4096, N=14336, gates=2),), (dict(M=37, K=45, N=29, gates=2),),
-                        flops=_linear_flops),
-    "flce": Op(_flce_inputs, flce_eager, _ff("cross_entropy", "fused_linear_cross_entropy"),
-               _liger("liger_fused_linear_cross_entropy"), (dict(M=8192, K=2048, V=128256),),
-               (dict(M=37, K=24, V=131),), modes=("fwd+bwd",), flops=_flce_flops),
-}
-
-
 def _linear_swiglu_ff(x, w_gate, w_up):
     from flashfuse.ops.matmul import linear
     return linear(x, w_gate, activation="swiglu", up_weight=w_up)
@@ -228,94 +155,53 @@ def _rms_norm_add_ff(x, r, w):
     return rms_norm(x, w, residual=r)
 
 
-OPS["linear_swiglu"].flashfuse = _linear_swiglu_ff
-OPS["add_rms_norm"].flashfuse = _rms_norm_add_ff
+def _rope_numel(p):
+    return p["B"] * p["S"] * (p["Hq"] + p["Hk"]) * p["D"]
 
 
-# ----------------------------------------------------------------------------------------------------
-# Providers
-# ----------------------------------------------------------------------------------------------------
-
-_COMPILED: dict = {}
+def _fewer_tokens(p):
+    """Matmul-like rows check on at most 1024 tokens (the fp32 reference at full size is slow)."""
+    return dict(M=min(p["M"], 1024))
 
 
-def _provider(which: str):
-    def factory(case: Case, *inputs):
-        op = OPS[case.params["op"]]
-        if op.prepare is not None:
-            inputs = op.prepare(*inputs)
-        if which == "eager":
-            fn = op.eager
-        elif which == "compile":
-            if op.eager not in _COMPILED:
-                import torch._functorch.config
-                torch._functorch.config.donated_buffer = False    # the harness replays one backward graph
-                _COMPILED[op.eager] = torch.compile(op.eager, dynamic=False)
-            fn = _COMPILED[op.eager]
-        else:
-            fn = op.flashfuse if which == "flashfuse" else op.liger
-            if fn is None:
-                raise Skip(f"no {which} implementation of {case.params['op']}")
-        return lambda: fn(*inputs)
-    return factory
+NORM_SHAPES = (dict(M=16384, N=4096), dict(M=32768, N=8192))
+NORM_CPU = (dict(M=37, N=123),)
+OPS: dict[str, Op] = {
+    # x (M, N) -> y: fwd reads x, writes y (2); backward reads x and dy, writes dx (3 more).
+    "rms_norm": Op(_norm_inputs, rms_norm_eager, flashfuse_op("norm", "rms_norm"), liger("liger_rms_norm", 1e-6, in_place=False),
+                   NORM_SHAPES, NORM_CPU, traffic={"fwd": 2, "fwd+bwd": 5}),
+    # x + r -> (y, s): reads 2, writes 2; backward reads s, dy, ds, writes dx (one tensor serves dx and dr).
+    "add_rms_norm": Op(_add_norm_inputs, add_rms_norm_eager, _rms_norm_add_ff,
+                       liger("liger_fused_add_rms_norm", 1e-6, in_place=False), NORM_SHAPES[:1], NORM_CPU,
+                       traffic={"fwd": 4, "fwd+bwd": 8}),
+    "layer_norm": Op(_ln_inputs, layer_norm_eager, flashfuse_op("norm", "layer_norm"), liger("liger_layer_norm", 1e-5),
+                     NORM_SHAPES, NORM_CPU, traffic={"fwd": 2, "fwd+bwd": 5}),
+    # q and k read and written once (cos/sin are 1/(Hq+Hk) of that and are not counted).
+    "rope": Op(_rope_inputs, rope_eager, flashfuse_op("rope", "apply_rotary_pos_emb"), liger("liger_rope"),
+               (dict(B=4, S=4096, Hq=32, Hk=8, D=128),), (dict(B=2, S=5, Hq=4, Hk=2, D=16),),
+               traffic={"fwd": 2, "fwd+bwd": 4}, prepare=_rope_tables, numel=_rope_numel),
+    # gate, up -> out: fwd reads 2 writes 1; backward reads gate, up, dout, writes dgate, dup.
+    "swiglu": Op(_glu_inputs, swiglu_eager, flashfuse_op("glu", "swiglu"), liger("liger_swiglu"),
+                 (dict(M=16384, N=14336),), (dict(M=37, N=123),), traffic={"fwd": 3, "fwd+bwd": 8}),
+    "geglu_tanh": Op(_glu_inputs, geglu_eager, flashfuse_op("glu", "geglu", approximate="tanh"), liger("liger_geglu"),
+                     (dict(M=16384, N=14336),), (dict(M=37, N=123),), traffic={"fwd": 3, "fwd+bwd": 8}),
+    # The issue's 4096 x 4096 -> 16384 GELU MLP up-projection, and Llama-3-8B's gated one.
+    "linear_gelu": Op(_linear_inputs, linear_gelu_eager, flashfuse_op("matmul", "linear", activation="gelu_tanh"),
+                      None, (dict(M=4096, K=4096, N=16384), dict(M=16384, K=4096, N=16384)),
+                      (dict(M=37, K=45, N=29),), flops=_linear_flops, check=_fewer_tokens),
+    "linear_swiglu": Op(_gated_inputs, linear_swiglu_eager, _linear_swiglu_ff, None,
+                        (dict(M=8192, K=4096, N=14336, gates=2),), (dict(M=37, K=45, N=29, gates=2),),
+                        flops=_linear_flops, check=_fewer_tokens),
+    "flce": Op(_flce_inputs, flce_eager, flashfuse_op("cross_entropy", "fused_linear_cross_entropy"),
+               liger("liger_fused_linear_cross_entropy"), (dict(M=8192, K=2048, V=128256),),
+               (dict(M=37, K=24, V=131),), modes=("fwd+bwd",), flops=_flce_flops,
+               check=_fewer_tokens),
+}
 
 
-class LLM(Suite):
+class LLM(OpSuite):
     name = "llm"
     description = ("transformer-block kernels: RMSNorm/LayerNorm (+ residual add), RoPE, SwiGLU/GeGLU, fused "
                    "linear epilogues, fused linear cross entropy vs eager, torch.compile and Liger")
-    baseline = "eager"
-    metric = "gbps"
-    plots = (Plot("pct_ceiling", "% of the ceiling (copy bandwidth or bf16 matmul)", "pct_ceiling", logx=False),
-             Plot("speedup", "speedup vs eager PyTorch (x)", "speedup", logx=False),
-             Plot("peak_mem_MiB", "peak memory beyond inputs (MiB)", "memory", logx=False))
-
-    def providers(self, opts):
-        return [
-            Provider("flashfuse", _provider("flashfuse"), kind="flashfuse", description="flashfuse.ops.*"),
-            Provider("eager", _provider("eager"), kind="baseline", description="PyTorch eager (HF's code)"),
-            Provider("compile", _provider("compile"), needs_cuda=True,
-                     description="torch.compile of the eager code, dynamic=False"),
-            Provider("liger", _provider("liger"), needs_cuda=True, description="Liger-Kernel functional API"),
-        ]
-
-    def cases(self, opts):
-        cases = []
-        for dtype in opts.dtypes or (torch.bfloat16,):
-            for op_name, op in OPS.items():
-                for shape in (op.shapes if opts.gpu else op.cpu_shapes):
-                    if opts.quick and shape is not (op.shapes if opts.gpu else op.cpu_shapes)[0]:
-                        continue
-                    for mode in op.modes:
-                        cases.append(self._case(op_name, op, shape, dtype, mode))
-        return cases
-
-    @staticmethod
-    def _case(op_name, op, shape, dtype, mode) -> Case:
-        params = dict(op=op_name, **shape)
-        dims = "x".join(str(v) for k, v in shape.items() if k != "gates")
-        elem = torch.empty((), dtype=dtype).element_size()
-        nbytes = flops = None
-        if op.traffic:
-            main = shape["B"] * shape["S"] * (shape["Hq"] + shape["Hk"]) * shape["D"] if op_name == "rope" \
-                else shape["M"] * shape["N"]
-            nbytes = op.traffic[mode] * main * elem
-        if op.flops:
-            flops = op.flops(shape, mode)
-        return Case(name=f"{op_name} {mode} {dims} {dtype_name(dtype)}", params=params, dtype=dtype, mode=mode,
-                    flops=flops, bytes=nbytes, group=f"{op_name} {mode} {dtype_name(dtype)}",
-                    x=float(shape.get("M", shape.get("S", 1))), ceiling="matmul" if flops else "copy")
-
-    def make_inputs(self, case, device):
-        return OPS[case.params["op"]].inputs(case.params, case.dtype, device)
-
-    def reference(self, case, *inputs):
-        op = OPS[case.params["op"]]
-        return op.eager(*(op.prepare(*inputs) if op.prepare else inputs))
-
-    def check_case(self, case):
-        """Norm/GLU/RoPE rows check at full size (cheap); matmul-like ones on fewer tokens."""
-        p = case.params
-        if "M" in p and ("K" in p or "V" in p):
-            return case.replace(M=min(p["M"], 1024))
-        return case
+    eager_description = "PyTorch eager (HF's code)"
+    ops = OPS

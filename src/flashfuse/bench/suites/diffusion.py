@@ -1,0 +1,74 @@
+"""``diffusion``: the diffusion kernels against PyTorch eager and torch.compile of the same code.
+
+GroupNorm + SiLU as diffusers' ResnetBlock2D runs it (``nonlinearity(norm(x))``, and ``norm2`` after the
+time-embedding add), at SD-1.5 / SDXL U-Net levels (32 groups), NCHW and channels_last. Bytes: the forward
+reads x and writes y (2 tensors; the time embedding is C values per sample), the backward reads x and dy
+and writes dx (3 more). Ops are entries of ``OPS`` (see ``_ops.Op``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._ops import Op, OpSuite
+
+GROUPS = 32
+
+
+def gn_silu_eager(x, w, b):
+    return F.silu(F.group_norm(x, GROUPS, w, b, 1e-5))
+
+
+def gn_temb_silu_eager(x, temb, w, b):
+    """ResnetBlock2D's ``norm2(h + temb[:, :, None, None])`` then SiLU."""
+    return F.silu(F.group_norm(x + temb, GROUPS, w, b, 1e-5))
+
+
+def _gn_inputs(p, dtype, device):
+    x = torch.randn(p["N"], p["C"], p["H"], p["H"], device=device, dtype=dtype)
+    if p["layout"] == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = 1.0 + 0.1 * torch.randn(p["C"], device=device, dtype=dtype)
+    return x, w, 0.1 * torch.randn(p["C"], device=device, dtype=dtype)
+
+
+def _gn_temb_inputs(p, dtype, device):
+    x, w, b = _gn_inputs(p, dtype, device)
+    return x, torch.randn(p["N"], p["C"], 1, 1, device=device, dtype=dtype), w, b
+
+
+def _gn_ff(x, w, b):
+    from flashfuse.ops.group_norm import group_norm
+    return group_norm(x, GROUPS, w, b, 1e-5, activation="silu")
+
+
+def _gn_temb_ff(x, temb, w, b):
+    from flashfuse.ops.group_norm import group_norm
+    return group_norm(x, GROUPS, w, b, 1e-5, activation="silu", residual=temb)
+
+
+def _numel(p):
+    return p["N"] * p["C"] * p["H"] * p["H"]
+
+
+# SD-1.5 U-Net levels at 512x512 (64x64 latents) with batch 2 (CFG), and the protocol's training-size levels.
+GN_SHAPES = tuple(dict(N=n, C=c, H=h, layout=layout)
+                  for n, c, h in ((2, 320, 64), (8, 320, 128), (16, 640, 64), (16, 1280, 32))
+                  for layout in ("nchw", "channels_last"))
+GN_CPU = (dict(N=2, C=64, H=5, layout="nchw"), dict(N=2, C=64, H=5, layout="channels_last"))
+
+OPS: dict[str, Op] = {
+    "group_norm_silu": Op(_gn_inputs, gn_silu_eager, _gn_ff, None, GN_SHAPES, GN_CPU,
+                          traffic={"fwd": 2, "fwd+bwd": 5}, numel=_numel),
+    "group_norm_temb_silu": Op(_gn_temb_inputs, gn_temb_silu_eager, _gn_temb_ff, None, GN_SHAPES[:2], GN_CPU,
+                               traffic={"fwd": 2, "fwd+bwd": 5}, numel=_numel),
+}
+
+
+class Diffusion(OpSuite):
+    name = "diffusion"
+    description = "diffusion kernels: GroupNorm + SiLU (+ time embedding), NCHW and channels_last, vs eager and compile"
+    eager_description = "PyTorch eager (diffusers' code)"
+    has_liger = False
+    ops = OPS
