@@ -115,8 +115,8 @@ def structure(model):
 def expected_counts(model):
     """What patch_diffusers should swap, counted independently from the unpatched model."""
     mods = list(model.modules())
-    pairs = sum(type(getattr(m, "conv_norm_out", None)) is nn.GroupNorm and type(getattr(m, "conv_act", None)) is nn.SiLU
-                for m in mods)
+    pairs = sum(type(getattr(m, "conv_norm_out", None)) is nn.GroupNorm
+                and type(getattr(m, "conv_act", None)) is nn.SiLU for m in mods)
     return {
         "group_norm_act": pairs,
         "group_norm": sum(type(m) is nn.GroupNorm for m in mods) - pairs,
@@ -216,7 +216,8 @@ def check_block(module, args, kwargs=None, grad_args=(0,), counts=None, device="
     assert rel_err(out, ref_out) < FP32_TOL
     for dx, ref_dx in zip(dxs, ref_dxs):
         assert rel_err(dx, ref_dx) < FP32_TOL
-    check_grads({k: v for k, v in grads.items() if v is not None}, {k: v for k, v in ref_grads.items() if v is not None})
+    check_grads({k: v for k, v in grads.items() if v is not None},
+                {k: v for k, v in ref_grads.items() if v is not None})
     unpatch_diffusers(module)
     assert structure(module) == before
 

@@ -41,11 +41,11 @@ What the patch does (flags of `patch_diffusers`, all on by default):
   same with "swiglu", and the non-gated ``GELU`` (DiT's "gelu-approximate") a GEMM with a fused (tanh-)GELU
   epilogue.
 - ``adaln``: ``AdaLayerNormZero`` (DiT, SD3, ...) gets a forward whose LayerNorm + modulation is one
-  `ada_layer_norm(x, scale_msa, shift_msa)` kernel (its FP32LayerNorm variant too); ``BasicTransformerBlock`` with ``norm_type="ada_norm_zero"`` a
-  forward where the gated residuals (``h + gate_msa * attn``, ``h + gate_mlp * ff``) are
-  `ada_layer_norm_gate` and norm3 + (1 + scale_mlp) + shift_mlp is one `ada_layer_norm` kernel (an affine norm3
-  is folded into the modulation vectors: ``layer_norm_modulate``). The final ``norm_out`` modulation of DiT lives
-  in the model's own forward and stays eager.
+  `ada_layer_norm(x, scale_msa, shift_msa)` kernel (its FP32LayerNorm variant too); ``BasicTransformerBlock``
+  with ``norm_type="ada_norm_zero"`` a forward where the gated residuals (``h + gate_msa * attn``,
+  ``h + gate_mlp * ff``) are `ada_layer_norm_gate` and norm3 + (1 + scale_mlp) + shift_mlp is one kernel (an
+  affine norm3 is folded into the modulation vectors: ``layer_norm_modulate``). DiT's final ``norm_out``
+  modulation lives in the model's own forward and stays eager.
 
 Generic forwards are bound per instance (``module.forward``); at call time an input no kernel takes (float64,
 a CPU tensor outside the interpreter, the deprecated ``scale`` argument) runs the class's own forward. A
@@ -63,7 +63,6 @@ import types
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._checks import FLOAT_DTYPES
