@@ -25,7 +25,14 @@ from .ops.modulation import ada_layer_norm, ada_layer_norm_gate  # noqa: E402
 from .ops.norm import layer_norm, rms_norm  # noqa: E402
 from .ops.rope import apply_rotary_emb, apply_rotary_pos_emb  # noqa: E402
 from .ops.scheduler import FusedScheduler  # noqa: E402
-from .integrations import patch_transformers, patched, unpatch_transformers  # noqa: E402  (no transformers import)
+from .integrations import (  # noqa: E402  (imports neither transformers nor diffusers)
+    patch_diffusers,
+    patch_transformers,
+    patched,
+    patched_diffusers,
+    unpatch_diffusers,
+    unpatch_transformers,
+)
 
 __all__ = [
     "FusedScheduler",
@@ -47,10 +54,13 @@ __all__ = [
     "group_norm",
     "layer_norm",
     "linear",
+    "patch_diffusers",
     "patch_transformers",
     "patched",
+    "patched_diffusers",
     "rms_norm",
     "scaled_dot_product_attention",
     "swiglu",
+    "unpatch_diffusers",
     "unpatch_transformers",
 ]
