@@ -13,6 +13,7 @@ import flashfuse.ops.cross_entropy as ce
 from flashfuse.nn.loss import FusedLinearCrossEntropyLoss
 from flashfuse.ops.cross_entropy import cross_entropy, cross_entropy_rows, fused_linear_cross_entropy
 from flashfuse.reference.cross_entropy import cross_entropy_ref, fused_linear_cross_entropy_ref
+from testing import rel_err  # noqa: E402
 
 F32, F16 = torch.float32, torch.float16
 # ||x - ref|| / ||ref||. fp32: fp32 GEMMs and an fp32 kernel (~2e-7 seen). fp16: the logits and their
@@ -30,10 +31,6 @@ OPTION_IDS = ["plain", "smooth", "softcap", "smooth+softcap"]
 def _small_vocab_blocks(monkeypatch):
     """Several vocab blocks per row (the last one partial), as a 128k vocab has in 4096 blocks."""
     monkeypatch.setattr(ce, "MAX_BLOCK_V", 32)
-
-
-def rel_err(x, ref):
-    return (x.double() - ref).norm().item() / max(ref.norm().item(), 1e-30)
 
 
 def assert_close(name, x, ref, tol):

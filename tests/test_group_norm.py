@@ -15,6 +15,7 @@ import flashfuse.ops.group_norm as gn_ops
 from flashfuse.nn.group_norm import GroupNormAct
 from flashfuse.ops.group_norm import group_norm
 from flashfuse.reference.group_norm import group_norm_ref
+from testing import rel_err  # noqa: E402
 
 F32, F16 = torch.float32, torch.float16
 # Relative error ||out - ref|| / ||ref|| against float64: fp32 kernels measure ~1e-7; fp16 rounds the
@@ -30,11 +31,6 @@ def poison(monkeypatch):
 
     monkeypatch.setattr(gn_ops, "_alloc", alloc)
     monkeypatch.setattr(gn_ops, "_alloc_like", lambda t: torch.full_like(t, float("nan")))
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def leaf(t, dtype=None):

@@ -7,16 +7,11 @@ import torch
 from flashfuse.ops import matmul as ops
 from flashfuse.ops.matmul_details import _kernels
 from flashfuse.reference import matmul as ref
+from testing import rel_err  # noqa: E402
 
 PLAIN = [None, "gelu", "gelu_tanh", "silu", "relu"]
 GATED = ["swiglu", "geglu", "geglu_tanh"]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
-
-
-def rel_err(out, ref_out):
-    out, ref_out = out.double(), ref_out.double()
-    assert not torch.isnan(out).any(), "NaN in output"
-    return ((out - ref_out).norm() / ref_out.norm().clamp_min(1e-30)).item()
 
 
 def leaves(*tensors, dtype):

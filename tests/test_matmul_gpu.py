@@ -6,6 +6,7 @@ import torch
 
 from flashfuse.ops import matmul as ops
 from flashfuse.reference import matmul as ref
+from testing import rel_err  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -13,12 +14,6 @@ pytestmark = pytest.mark.gpu
 # or two more bf16 roundings (dZ, then the matmuls).
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 GRAD_TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-5}
-
-
-def rel_err(out, ref_out):
-    out, ref_out = out.double(), ref_out.double()
-    assert not torch.isnan(out).any(), "NaN in output"
-    return ((out - ref_out).norm() / ref_out.norm()).item()
 
 
 def run_and_compare(run, reference, inputs, dtype):

@@ -10,13 +10,9 @@ from transformers.models.llama.modeling_llama import LlamaMLP
 
 from flashfuse.nn.mlp import FusedMLP, GeGLUMLP, SwiGLUMLP
 from flashfuse.ops.matmul import fused_mlp
+from testing import rel_err  # noqa: E402
 
 HIDDEN, INTER = 45, 29
-
-
-def rel_err(a, b):
-    assert not torch.isnan(a).any()
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def compare(ours, theirs, x, params, tol=1e-5):

@@ -15,6 +15,7 @@ from flashfuse.ops.modulation import (ada_layer_norm, ada_layer_norm_gate, ada_l
                                       layer_norm_modulate)
 from flashfuse.reference.modulation import (ada_layer_norm_gate_ref, ada_layer_norm_ref,
                                             basic_transformer_block_modulation_ref)
+from testing import rel_err  # noqa: E402
 
 F32, F16 = torch.float32, torch.float16
 # Relative error ||out - ref|| / ||ref|| against float64: fp32 kernels measure ~1e-7; fp16 rounds each
@@ -28,11 +29,6 @@ def poison(monkeypatch):
         return torch.full(shape if isinstance(shape, tuple) else (shape,), float("nan"), dtype=dtype,
                           device=device)
     monkeypatch.setattr(mod_ops, "_alloc", alloc)
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def check_op(op, ref_op, tensors: dict, kwargs: dict, tol: float):

@@ -13,6 +13,7 @@ import flashfuse.ops.norm as norm_ops
 from flashfuse.nn.norm import LayerNorm, RMSNorm
 from flashfuse.ops.norm import layer_norm, rms_norm
 from flashfuse.reference.norm import layer_norm_ref, rms_norm_ref
+from testing import rel_err  # noqa: E402
 
 F32, F16 = torch.float32, torch.float16
 # Relative error ||out - ref|| / ||ref|| against float64: fp32 kernels measure ~1e-7; fp16 rounds each
@@ -26,11 +27,6 @@ def poison(monkeypatch):
         return torch.full(shape if isinstance(shape, tuple) else (shape,), float("nan"), dtype=dtype,
                           device=device)
     monkeypatch.setattr(norm_ops, "_alloc", alloc)
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def leaf(t, dtype=None):

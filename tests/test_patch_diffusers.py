@@ -27,6 +27,7 @@ import flashfuse.nn as ffnn  # noqa: E402
 from flashfuse.integrations.diffusers import (FlashfuseAttnProcessor, patch_diffusers, patch_summary,  # noqa: E402
                                               patched_diffusers, unpatch_diffusers)
 from flashfuse.nn.group_norm import GroupNormAct  # noqa: E402
+from testing import rel_err  # noqa: E402
 
 FP32_TOL = 1e-4  # fp32 kernels vs a float64 reference: observed ~1e-6, the unpatched fp32 model is at ~5e-7
 
@@ -71,11 +72,6 @@ def dit():
 
 
 MODELS = {"unet2d": unet2d, "unet2d_condition": unet2d_condition, "dit": dit}
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    return ((out - ref).norm() / ref.norm()).item()
 
 
 def to64(inputs):

@@ -11,6 +11,7 @@ import torch
 diffusers = pytest.importorskip("diffusers")
 
 from flashfuse.integrations.diffusers import patch_diffusers, patch_summary, unpatch_diffusers  # noqa: E402
+from testing import rel_err  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -48,11 +49,6 @@ def dit_s():
 
 def cast(inputs, dtype):
     return {k: (v.to("cuda", dtype) if v.is_floating_point() else v.cuda()) for k, v in inputs.items()}
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    return ((out - ref).norm() / ref.norm()).item()
 
 
 def forward_backward(model, inputs, weight, call=None):

@@ -17,6 +17,7 @@ from torch import nn
 import flashfuse.nn as ffnn
 from flashfuse.integrations import patch_transformers, patched, unpatch_transformers
 from flashfuse.integrations.transformers import SUPPORTED_FAMILIES, Conv1DMLP, GateUpMLP
+from testing import rel_err  # noqa: E402
 
 VOCAB, HIDDEN, HEADS, KV_HEADS, LAYERS, INTERMEDIATE = 128, 64, 4, 2, 2, 96
 BATCH, SEQ = 2, 7  # odd length; kept small: the kernels run in the interpreter
@@ -72,11 +73,6 @@ def inputs():
     labels[0, :3] = -100  # a masked prompt
     labels[1, 4] = -100
     return ids, labels
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    return ((out - ref).norm() / ref.norm()).item()
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ import torch
 import transformers
 
 from flashfuse.integrations import patch_transformers
+from testing import rel_err  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -54,11 +55,6 @@ def batch():
     labels[0, :100] = -100  # a masked prompt
     labels[1, 500:520] = -100
     return ids, labels
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    return ((out - ref).norm() / ref.norm()).item()
 
 
 def loss_and_grads(model, ids, labels):

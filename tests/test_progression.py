@@ -15,6 +15,7 @@ from flashfuse.attention import (basic_attention, blocked_attention, flash_atten
                                  vectorized_attention)
 from flashfuse.ops.attention import progression
 from flashfuse.reference.attention import attention_ref
+from testing import rel_err  # noqa: E402
 
 KERNELS = [basic_attention, vectorized_attention, blocked_attention]
 KERNEL_IDS = ["basic", "vectorized", "blocked"]
@@ -38,10 +39,6 @@ def reference(q, k, v, is_causal=False, scale=None):
                            causal=is_causal, bottom_right=False)
     out = out.transpose(1, 2)
     return out[0, 0] if single_head else out
-
-
-def rel_err(out, ref):
-    return ((out.double() - ref).norm() / ref.norm()).item()
 
 
 def check(out, ref, dtype, tol=None):

@@ -15,6 +15,7 @@ from flashfuse.nn.rope import RotaryEmbedding
 from flashfuse.ops.rope import (apply_rotary_emb, apply_rotary_emb_qk, apply_rotary_pos_emb,
                                 rotary_backward, rotary_forward)
 from flashfuse.reference.rope import (apply_rotary_emb_ref, apply_rotary_pos_emb_ref, rotary_tables)
+from testing import rel_err  # noqa: E402
 
 F32, F16, F64 = torch.float32, torch.float16, torch.float64
 TOL = {F32: 1e-6, F16: 2e-3}          # fp32: a few roundings of 6e-8; fp16: half-ulp 4.9e-4 per element
@@ -23,12 +24,6 @@ SHAPES = [(16, 16), (40, 8), (64, 32)]  # (headdim, rotary_dim)
 # (cheaper than the full product: the interpreter runs one program per token).
 CASES = [(seqlen, headdim, rotary_dim, (i + j) % 2 == 1)
          for i, seqlen in enumerate((1, 5, 37)) for j, (headdim, rotary_dim) in enumerate(SHAPES)]
-
-
-def rel_err(out, ref):
-    assert out.shape == ref.shape, f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
-    assert torch.isfinite(out).all(), "output has NaN/inf"
-    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
 
 
 def assert_close(name, out, ref, dtype):

@@ -15,6 +15,7 @@ from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb as hf_ph
 from flashfuse.nn.rope import RotaryEmbedding
 from flashfuse.ops.rope import apply_rotary_emb, apply_rotary_emb_qk, apply_rotary_pos_emb
 from flashfuse.reference.rope import apply_rotary_emb_ref, apply_rotary_pos_emb_ref, rotary_tables
+from testing import rel_err  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -22,12 +23,6 @@ F16, BF16, F64 = torch.float16, torch.bfloat16, torch.float64
 # One rounding of each output: bf16 half-ulp is 2^-9 = 2e-3 relative (max), fp16 2^-11 = 5e-4; the norm-wise
 # error is below that. Gradients are the same map transposed, same bound.
 TOL = {BF16: 4e-3, F16: 1e-3}
-
-
-def rel_err(out, ref):
-    assert out.shape == ref.shape, f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
-    assert torch.isfinite(out).all(), "output has NaN/inf"
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def assert_close(name, out, ref, dtype):

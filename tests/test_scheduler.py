@@ -13,6 +13,7 @@ from diffusers import DDIMScheduler, DDPMScheduler, EulerDiscreteScheduler  # th
 import flashfuse.ops.scheduler as sched_ops
 from flashfuse.ops.scheduler import FusedScheduler, scheduler_step_forward
 from flashfuse.reference.scheduler import ddim_step_ref, ddpm_step_ref, euler_step_ref, fused_step_ref
+from testing import rel_err  # noqa: E402
 
 F32, F16 = torch.float32, torch.float16
 # Relative error of the final latents against diffusers. fp32: the same fp32 scalars and operations
@@ -25,11 +26,6 @@ TOL = {F32: 1e-6, F16: 5e-3}
 def poison(monkeypatch):
     monkeypatch.setattr(sched_ops, "_alloc_like",
                         lambda t, dtype: torch.full_like(t, float("nan"), dtype=dtype))
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def fake_model(x, t):
