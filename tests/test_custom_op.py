@@ -6,6 +6,20 @@ import torch
 
 import flashfuse
 from flashfuse.ops.norm import _rms_norm_fwd
+from flashfuse.reference.rope import apply_rotary_emb_ref
+from testing import rel_err
+
+
+def test_vmap_and_dispatch_modes_take_the_custom_op(device):
+    """vmap's batched tensors and Python dispatch modes go through the torch.library op (its vmap fallback,
+    its name for FlopCounterMode / checkpoint policies); the kernels never see a wrapped tensor."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    w = torch.randn(8, device=device)
+    xb = torch.randn(3, 4, 8, device=device)
+    assert torch.equal(torch.vmap(lambda x: flashfuse.rms_norm(x, w))(xb), flashfuse.rms_norm(xb, w))
+    with FlopCounterMode(display=False):
+        assert torch.equal(flashfuse.rms_norm(xb, w), flashfuse.rms_norm(xb, w))
 
 
 def test_eager_calls_skip_the_dispatcher(device):
@@ -22,8 +36,14 @@ def test_eager_calls_skip_the_dispatcher(device):
     assert _rms_norm_fwd.custom_op is not None
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "flash_attn"])
+@pytest.mark.parametrize("op", ["rms_norm", "flash_attn", "flce"])
 def test_double_backward_raises_instead_of_dropping_terms(device, op):
+    if op == "flce":
+        x = torch.randn(5, 8, device=device, requires_grad=True)
+        weight, labels = torch.randn(11, 8, device=device), torch.randint(0, 11, (5,), device=device)
+        with pytest.raises(RuntimeError, match="no double backward"):
+            torch.autograd.grad(flashfuse.fused_linear_cross_entropy(x, weight, labels), x, create_graph=True)
+        return
     if op == "rms_norm":
         x = torch.randn(3, 8, device=device, requires_grad=True)
         out = flashfuse.rms_norm(x, torch.ones(8, device=device))
@@ -36,11 +56,14 @@ def test_double_backward_raises_instead_of_dropping_terms(device, op):
 
 
 def test_rope_double_backward_is_supported(device):
-    """The rotary backward is the op itself (the conjugate rotation), so it differentiates again."""
-    x = torch.randn(1, 4, 2, 8, device=device, dtype=torch.float64 if device == "cpu" else torch.float32)
-    x = x.float().requires_grad_(True)
+    """The rotary backward is the op itself (the conjugate rotation), so it differentiates again; the second
+    derivative matches the float64 reference's."""
+    x = torch.randn(1, 4, 2, 8, device=device, requires_grad=True)
     cos, sin = torch.rand(4, 4, device=device), torch.rand(4, 4, device=device)
-    out = flashfuse.apply_rotary_emb(x, cos, sin)
-    (g,) = torch.autograd.grad(out.square().sum(), x, create_graph=True)
-    (gg,) = torch.autograd.grad(g.sum(), x)
-    assert torch.isfinite(gg).all() and gg.abs().sum() > 0
+    (g,) = torch.autograd.grad(flashfuse.apply_rotary_emb(x, cos, sin).square().sum(), x, create_graph=True)
+    (gg,) = torch.autograd.grad(g.square().sum(), x)
+    x64 = x.detach().double().requires_grad_(True)
+    out64 = apply_rotary_emb_ref(x64, cos.double(), sin.double())
+    (g64,) = torch.autograd.grad(out64.square().sum(), x64, create_graph=True)
+    (gg64,) = torch.autograd.grad(g64.square().sum(), x64)
+    assert rel_err(gg, gg64) < 1e-5

@@ -118,8 +118,11 @@ def _resnet_block_forward(self, input_tensor, temb, *args, **kwargs):
         if not self.skip_time_act:
             temb = self.nonlinearity(temb)
         temb = self.time_emb_proj(temb)[:, :, None, None]
-    if self.time_embedding_norm == "default":
+    if self.time_embedding_norm == "default" and (temb is None or temb.dtype == hidden_states.dtype):
         hidden_states = _gn(self.norm2, hidden_states, act, residual=temb)  # act(GN(h + temb))
+    elif self.time_embedding_norm == "default":
+        # a time embedding in another dtype: torch's add promotes, as diffusers does; then one fused kernel
+        hidden_states = _gn(self.norm2, hidden_states + temb, act)
     else:  # "scale_shift" (checked at patch time)
         if temb is None:
             raise ValueError(f" `temb` should not be None when `time_embedding_norm` is {self.time_embedding_norm}")

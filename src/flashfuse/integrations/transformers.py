@@ -61,6 +61,7 @@ import importlib
 import inspect
 import types
 import warnings
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -184,7 +185,9 @@ def _rope_dropin(original):
     attribute is rebound for the whole process, so unpatched models of the family call it too: inputs the
     kernel does not take (float64, a CPU tensor outside the interpreter) go to the family's own function."""
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if q.dtype in FLOAT_DTYPES and (q.is_cuda or INTERPRET):
+        if (q.dtype in FLOAT_DTYPES and k.dtype == q.dtype and cos.dtype in FLOAT_DTYPES
+                and sin.dtype == cos.dtype and not (cos.requires_grad or sin.requires_grad)
+                and (q.is_cuda or INTERPRET)):
             return _flashfuse_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
         return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
     apply_rotary_pos_emb.flashfuse_original = original
@@ -276,6 +279,11 @@ class _PatchState:
     attn_implementation: tuple | None = None  # (the implementation to restore,) when attention was patched
     forward: tuple | None = None  # (had an instance-level forward, that forward)
 
+    def __post_init__(self):
+        # A patched model dropped without unpatch_transformers must not leave the family's function rebound
+        # for the rest of the process: the state's collection releases what it still holds.
+        weakref.finalize(self, _release_functions, self.functions)
+
     def __deepcopy__(self, memo):
         # copy.deepcopy(patched model): the copy's state refers to the copy's modules (through memo) and holds
         # the patched functions too, so it counts as one more user of them.
@@ -364,6 +372,12 @@ def _patch_functions(families: list[_Family], state: _PatchState) -> None:
         state.functions.append(key)
 
 
+def _release_functions(keys: list) -> None:
+    """Give back this model's uses of the patched functions (the list is emptied: releasing is once only)."""
+    while keys:
+        _restore_function(keys.pop())
+
+
 def _restore_function(key: tuple[str, str]) -> None:
     entry = _FUNCTION_PATCHES[key]
     entry[1] -= 1
@@ -402,8 +416,7 @@ def _restore(model: nn.Module, state: _PatchState) -> None:
             model.__dict__.pop("forward", None)
     if state.attn_implementation is not None:
         model.set_attn_implementation(state.attn_implementation[0])
-    for key in reversed(state.functions):
-        _restore_function(key)
+    _release_functions(state.functions)
     for parent, name, old, new in reversed(state.modules):
         _restore_module(parent, name, old, new)
 

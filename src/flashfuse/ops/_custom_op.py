@@ -10,7 +10,8 @@ the benchmark saw the op run at a third of its kernels' speed.
 ``FlashfuseOp`` therefore registers the custom op and also builds a plain ``torch.autograd.Function`` from
 the very same three functions (implementation, ``setup_context``, ``backward``): an eager call on plain
 tensors runs the implementation directly (through that Function when a gradient is needed); anything
-being traced (torch.compile, export, fake or functional tensor subclasses) goes through the custom op.
+being traced (torch.compile, export, fake or functional tensor subclasses, vmap, a dispatch mode) goes
+through the custom op. Forward-mode AD (jvp) is supported by neither path.
 Both paths run the same code, and the tests run both (eager, and torch.compile with ``aot_eager``).
 """
 
@@ -19,14 +20,21 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+
+
 def _tracing(args) -> bool:
-    if torch.compiler.is_compiling():
+    """Whether the call must go through the custom op: torch.compile, a tensor subclass (fake, functional),
+    a functorch transform (vmap's batched tensors: the custom op has a vmap fallback, the kernels do not) or
+    an active Python dispatch mode (FlopCounterMode, selective-checkpoint policies see the op by name)."""
+    if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
         return True
-    return any(isinstance(a, torch.Tensor) and type(a) not in _PLAIN for a in args)
+    return any(isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or _functorch_wrapped(a)) for a in args)
 
 
 class FlashfuseOp:

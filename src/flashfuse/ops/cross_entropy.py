@@ -341,6 +341,13 @@ def _flce_backward(ctx, grad_loss, *_):
         # Traced by torch.compile / AOTAutograd (tensor subclasses): out of place, since a forward output
         # mutated in the backward graph cannot always be partitioned (opcheck's aot_dispatch test hits
         # that); the compiler plans that memory itself.
+        if torch.is_grad_enabled():
+            # create_graph=True: the gradients were made in the forward as constants, so differentiating
+            # them again would silently drop the second-order terms.
+            raise RuntimeError("fused_linear_cross_entropy with reduction='mean' or 'sum' has no double "
+                               "backward (its gradients are computed in the forward); use reduction='none' "
+                               "and reduce outside, or torch.nn.functional.cross_entropy, for higher-order "
+                               "gradients")
         dh, dw, db = ctx.saved_tensors
         inplace = type(grad_loss) is torch.Tensor and not torch.compiler.is_compiling()
         dh, dw, db = ((g.mul_(grad_loss) if inplace else g * grad_loss) if flag else g

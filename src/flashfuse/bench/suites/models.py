@@ -18,6 +18,8 @@ training step (2 x for prefill) plus the attention matmuls (causal: half of 4 B 
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from ..harness import Case, Provider, Suite, dtype_name
@@ -61,6 +63,10 @@ def _flops(size: dict, batch: int, seqlen: int, mode: str) -> float:
 def _build(size: dict, dtype: torch.dtype, device: str, patch: bool):
     """The model from seed 0 (built in fp32, then cast: every provider starts from the same weights)."""
     from transformers import LlamaForCausalLM
+    if not patch:
+        # patch_transformers rebinds the family's rope function until the patched model is collected: collect
+        # an earlier provider's model now, so HF's rows and the reference run HF's own code.
+        gc.collect()
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(_config(size))
