@@ -1,4 +1,11 @@
-"""``models``: whole Hugging Face models, eager and compiled, with and without ``patch_transformers``.
+"""``models``: whole models, eager and compiled, with and without flashfuse's patches.
+
+Diffusion (``_diffusion_models.py``): an SD-1.5-shaped UNet2DConditionModel running 30 classifier-free-guided
+Euler steps with its scheduler (fp16, 64x64 latents, batch 2 for CFG, 77x768 text), ms per loop (it/s = 30 /
+seconds), and a DiT-XL/2-shaped step over 32 latents; flashfuse's rows are ``patch_diffusers`` plus
+``FusedScheduler``. The correctness check runs the same on the fp32 model with diffusers' scheduler.
+
+LLM:
 
 A Llama-3.2-1B-shaped model (random init from a config, nothing downloaded; bf16 weights, sdpa attention as
 HF's default) in two modes:
@@ -23,6 +30,7 @@ import gc
 import torch
 
 from ..harness import Case, Provider, Suite, dtype_name
+from . import _diffusion_models as dm
 
 # Llama-3.2-1B (meta-llama/Llama-3.2-1B config.json), without the llama3 rope scaling (it changes no cost).
 LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
@@ -37,6 +45,10 @@ LLAMA_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, nu
 GPU_BATCH, GPU_QUICK_BATCH, SEQLEN = 8, 4, 2048
 CPU_BATCH, CPU_SEQLEN = 2, 16
 SIZES = {"llama-3.2-1b": LLAMA_1B, "llama-tiny": LLAMA_TINY}
+DIFFUSION = {"sd15-unet": ("unet", dm.SD15_UNET), "unet-tiny": ("unet", dm.UNET_TINY),
+             "dit-xl-2": ("dit", dm.DIT_XL_2), "dit-tiny": ("dit", dm.DIT_TINY)}
+UNET_STEPS = 30
+DIT_BATCH = 32
 LR = 1e-4
 
 
@@ -81,42 +93,68 @@ def _build(size: dict, dtype: torch.dtype, device: str, patch: bool):
 
 
 def _provider(patch: bool, compile: bool):
-    def factory(case: Case, input_ids):
-        p = case.params
-        dtype, device = case.dtype, input_ids.device.type
-        state: dict = {}
+    def factory(case: Case, *inputs):
+        if case.params["model"] in DIFFUSION:
+            return _diffusion_call(case, inputs, patch, compile)
+        return _llama_call(case, inputs[0], patch, compile)
+    return factory
 
-        def setup():
-            model = _build(SIZES[p["model"]], dtype, device, patch)
+
+def _diffusion_call(case: Case, inputs, patch: bool, compile: bool):
+    """A callable building the model at its first (untimed) call: the 30-step loop, or one DiT step."""
+    p = case.params
+    kind, config = DIFFUSION[p["model"]]
+    state: dict = {}
+
+    def run():
+        if not state:
+            model = dm.build(kind, config, case.dtype, inputs[0].device.type, patch)
             state["model"] = model
             state["forward"] = torch.compile(model) if compile else model
-            if p["mode"] == "train":
-                state["opt"] = torch.optim.AdamW(model.parameters(), lr=LR)
+        with torch.no_grad():
+            if kind == "unet":
+                return dm.euler_loop(state["forward"], *inputs, steps=p["steps"], fused=patch)
+            return dm.dit_step(state["forward"], *inputs)
+    return run
 
-        def train_step():
-            if not state:
-                setup()
-            with torch.enable_grad():
-                state["opt"].zero_grad(set_to_none=True)
-                loss = state["forward"](input_ids=input_ids, labels=input_ids).loss
-                loss.backward()
-            state["opt"].step()
-            return loss.detach().float()
 
-        def prefill():
-            if not state:
-                setup()
-            with torch.no_grad():
-                return state["forward"](input_ids=input_ids).logits
+def _llama_call(case: Case, input_ids, patch: bool, compile: bool):
+    """A callable building the Llama at its first (untimed) call: one training step, or the prefill."""
+    p = case.params
+    dtype, device = case.dtype, input_ids.device.type
+    state: dict = {}
 
-        return train_step if p["mode"] == "train" else prefill
-    return factory
+    def setup():
+        model = _build(SIZES[p["model"]], dtype, device, patch)
+        state["model"] = model
+        state["forward"] = torch.compile(model) if compile else model
+        if p["mode"] == "train":
+            state["opt"] = torch.optim.AdamW(model.parameters(), lr=LR)
+
+    def train_step():
+        if not state:
+            setup()
+        with torch.enable_grad():
+            state["opt"].zero_grad(set_to_none=True)
+            loss = state["forward"](input_ids=input_ids, labels=input_ids).loss
+            loss.backward()
+        state["opt"].step()
+        return loss.detach().float()
+
+    def prefill():
+        if not state:
+            setup()
+        with torch.no_grad():
+            return state["forward"](input_ids=input_ids).logits
+
+    return train_step if p["mode"] == "train" else prefill
 
 
 class Models(Suite):
     name = "models"
-    description = ("Llama-3.2-1B-shaped HF model: training step and prefill, eager / torch.compile, with and "
-                   "without patch_transformers")
+    description = ("whole models, eager / torch.compile, with and without flashfuse's patch: a Llama-3.2-1B-shaped "
+                   "training step and prefill (patch_transformers), an SD-1.5 UNet 30-step Euler loop and a "
+                   "DiT-XL/2 step (patch_diffusers + FusedScheduler)")
     baseline = "hf-eager"
     metric = "ms"
     plots = ()
@@ -148,15 +186,54 @@ class Models(Suite):
                     params=dict(model=model, mode=mode, B=batch, S=seqlen, tokens=tokens),
                     dtype=dtype, mode="fwd", flops=_flops(size, batch, seqlen, mode),
                     group=f"llama {mode} {dtype_name(dtype)}", x=float(tokens), ceiling="matmul"))
+        return cases + self._diffusion_cases(opts)
+
+    def _diffusion_cases(self, opts):
+        """SD-1.5 text-to-image: 30 Euler steps, CFG batch 2, 64x64 latents, 77x768 text, fp16; DiT-XL/2: one
+        denoising step over a batch of 32 class-conditional 32x32 latents, fp16."""
+        unet, dit = ("sd15-unet", "dit-xl-2") if opts.gpu else ("unet-tiny", "dit-tiny")
+        steps = UNET_STEPS if opts.gpu else 2
+        cases = []
+        for dtype in opts.dtypes or (torch.float16,):
+            cases.append(Case(name=f"{unet} euler-{steps} CFG {dtype_name(dtype)}",
+                              params=dict(model=unet, mode="loop", B=1, steps=steps), dtype=dtype, mode="fwd",
+                              group=f"{unet} loop {dtype_name(dtype)}", x=float(steps)))
+            batch = DIT_BATCH if opts.gpu else 2
+            cases.append(Case(name=f"{dit} step B{batch} {dtype_name(dtype)}",
+                              params=dict(model=dit, mode="step", B=batch), dtype=dtype, mode="fwd",
+                              group=f"{dit} step {dtype_name(dtype)}", x=float(batch)))
         return cases
 
     def make_inputs(self, case, device):
         p = case.params
+        if p["model"] in DIFFUSION:
+            kind, config = DIFFUSION[p["model"]]
+            size, channels = config["sample_size"], config["in_channels"]
+            if kind == "unet":       # latents, and the (unconditional, conditional) text embeddings
+                return (torch.randn(p["B"], channels, size, size, device=device, dtype=case.dtype),
+                        torch.randn(2 * p["B"], 77, config["cross_attention_dim"], device=device, dtype=case.dtype))
+            return (torch.randn(p["B"], channels, size, size, device=device, dtype=case.dtype),
+                    torch.randint(0, 1000, (p["B"],), device=device),
+                    torch.randint(0, config["num_embeds_ada_norm"], (p["B"],), device=device))
         return (torch.randint(0, SIZES[p["model"]]["vocab_size"], (p["B"], p["S"]), device=device),)
 
-    def reference(self, case, input_ids):
-        """The fp32 model from the same seed: the first step's loss, or the prefill logits."""
+    def tolerance(self, case):
+        """Diffusion rows compare half-precision models with the fp32 one through many layers (and steps):
+        bf16's bound, 3e-2. The LLM rows keep the dtype's own."""
+        return 3e-2 if case.params["model"] in DIFFUSION else super().tolerance(case)
+
+    def reference(self, case, *inputs):
+        """The fp32 model from the same seed: the first step's loss, the prefill logits, the loop's latents
+        (diffusers' scheduler) or the DiT step's output."""
         p = case.params
+        if p["model"] in DIFFUSION:
+            kind, config = DIFFUSION[p["model"]]
+            model = dm.build(kind, config, torch.float32, inputs[0].device.type, patch=False)
+            with torch.no_grad():
+                if kind == "unet":
+                    return dm.euler_loop(model, *inputs, steps=p["steps"], fused=False)
+                return dm.dit_step(model, *inputs)
+        input_ids = inputs[0]
         model = _build(SIZES[p["model"]], torch.float32, input_ids.device.type, patch=False)
         with torch.no_grad():
             if p["mode"] == "train":
