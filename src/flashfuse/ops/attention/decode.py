@@ -355,7 +355,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, seqlen_new: int, sof
     batch, seqlen_q, nheads_q, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group = nheads_q // nheads_k
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, nheads_q, seqlen_q, dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse.fill_(float("inf"))

@@ -94,7 +94,7 @@ def _kvcache_attn_fake(q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_
                        rotary_cos, rotary_sin, rotary_interleaved, seqlen_new, softmax_scale, window_left,
                        window_right, softcap, alibi_slopes, num_splits):
     batch, seqlen_q, nheads_q, _ = q.shape
-    return (q.new_empty(q.shape, memory_format=torch.contiguous_format),
+    return (q.new_empty(q.shape),
             q.new_empty((batch, nheads_q, seqlen_q), dtype=torch.float32))
 
 
