@@ -136,7 +136,7 @@ def test_num_splits_agree(device, case):
         assert torch.equal(got[2].nan_to_num(7.0), results[0][2].nan_to_num(7.0))
 
 
-@pytest.mark.parametrize("page_size,num_splits", [(16, 1), (32, 3), (1, 2)])
+@pytest.mark.parametrize("page_size,num_splits", [(16, 1), (32, 3), (64, 2), (1, 2)])
 def test_paged_equals_contiguous(device, page_size, num_splits):
     """Shuffled pages give the contiguous cache's answer (bit for bit: same order of operations), and the
     append lands in the right pages."""

@@ -94,7 +94,7 @@ def _decode_key_blocks(acc, l_i, m_i, q, kc_base, vc_base, p_bt, start, end, lef
                        log2_page, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
                        alibi_slope_log2, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
                        HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                       PAGED: tl.constexpr, BLOCK_N: tl.constexpr):
+                       PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, BLOCK_N: tl.constexpr):
     """Online softmax over the key blocks [start, end) (logical indices); MASKED phases check each key."""
     for start_n in range(start, end, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)                             # [BLOCK_N] logical key index
@@ -104,7 +104,15 @@ def _decode_key_blocks(acc, l_i, m_i, q, kc_base, vc_base, p_bt, start, end, lef
             m_kv = m_n[:, None] & m_d[None, :]                            # [BLOCK_N, BLOCK_D]
         else:
             m_kv = m_d[None, :]
-        if PAGED:
+        if PAGED and PAGE_ALIGNED:
+            # The block lies in one page (BLOCK_N divides page_size, blocks start at multiples of BLOCK_N,
+            # no left padding): one lookup, affine addresses. start_n < seqlen_k: a page in use.
+            page = tl.load(p_bt + (start_n >> log2_page)).to(tl.int64)
+            row = (start_n & ((1 << log2_page) - 1)) + tl.arange(0, BLOCK_N)
+            off_k = page * stride_kc_b + row * stride_kc_s                # [BLOCK_N]
+            off_v = page * stride_vc_b + row * stride_vc_s
+        elif PAGED:
+            # Any page size: one lookup per key (the table row stays in L1).
             if MASKED:
                 page = tl.load(p_bt + (pos >> log2_page), mask=m_n, other=0).to(tl.int64)   # [BLOCK_N]
             else:
@@ -145,7 +153,8 @@ def _decode_attn_kernel(
     nheads_k, group, seqlen_q, seqlen_new, head_dim, log2_page, num_splits,
     qk_scale, softcap_scale, softcap_log2, window_left, window_right,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_LEFTPAD: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr,
+    HAS_LEFTPAD: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr,
+    SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """q: [batch, seqlen_q, nheads_q, D]; caches: [entries or pages, rows, nheads_k, D].
@@ -207,17 +216,17 @@ def _decode_attn_kernel(
         acc, l_i, m_i, q, kc_base, vc_base, p_bt, s_lo, p1, leftpad, i_q, o_d, m_d, seqlen_q, seqlen_k,
         stride_kc_b, stride_kc_s, stride_vc_b, stride_vc_s, log2_page, window_left, window_right, qk_scale,
         softcap_scale, softcap_log2, alibi_slope_log2, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-        PAGED, BLOCK_N)
+        PAGED, PAGE_ALIGNED, BLOCK_N)
     acc, l_i, m_i = _decode_key_blocks(
         acc, l_i, m_i, q, kc_base, vc_base, p_bt, p1, p2, leftpad, i_q, o_d, m_d, seqlen_q, seqlen_k,
         stride_kc_b, stride_kc_s, stride_vc_b, stride_vc_s, log2_page, window_left, window_right, qk_scale,
         softcap_scale, softcap_log2, alibi_slope_log2, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-        PAGED, BLOCK_N)
+        PAGED, PAGE_ALIGNED, BLOCK_N)
     acc, l_i, m_i = _decode_key_blocks(
         acc, l_i, m_i, q, kc_base, vc_base, p_bt, p2, s_hi, leftpad, i_q, o_d, m_d, seqlen_q, seqlen_k,
         stride_kc_b, stride_kc_s, stride_vc_b, stride_vc_s, log2_page, window_left, window_right, qk_scale,
         softcap_scale, softcap_log2, alibi_slope_log2, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-        PAGED, BLOCK_N)
+        PAGED, PAGE_ALIGNED, BLOCK_N)
 
     empty = l_i == 0.0                                                    # rows that saw no key
     l_safe = tl.where(empty, 1.0, l_i)
@@ -309,17 +318,22 @@ def num_splits_heuristic(device: torch.device, batch: int, nheads_k: int, row_ti
     return next(n for n, e in enumerate(eff, start=1) if e >= 0.85 * best)
 
 
-def decode_config(head_dim_block: int, rows: int) -> dict:
+def decode_config(head_dim_block: int, rows: int, page_size: int = 0, leftpad: bool = False) -> dict:
     """Tiles: BLOCK_M covers the whole GQA group x seqlen_q when it fits (one K/V read per kv head), from
-    16 (tl.dot's smallest M) to 64 rows. BLOCK_N = 64 keys per block with 4 warps: a decode program is
-    bound by the K/V stream, [64, 128] bf16 tiles are 16 KB each, and three pipeline stages keep ~100 KB
-    of loads in flight per SM. The interpreter gets BLOCK_N = 32: several blocks even for short test
-    caches, so every masking phase runs."""
+    16 (tl.dot's smallest M) to 64 rows. BLOCK_N = 64 keys per block, 8 warps, 2 stages: a decode program
+    is bound by the K/V stream; with 4 warps or 3 stages the [64, 128] tiles spill (ptxas, sm_90), with
+    8 warps and 2 stages nothing spills. D = 256 halves BLOCK_N to stay in registers. The interpreter gets
+    BLOCK_N = 32: several blocks even for short test caches, so every masking phase runs.
+
+    Paged caches: a block that lies in one page (page_size >= BLOCK_N, no left padding) is addressed with
+    one page lookup (PAGE_ALIGNED); smaller pages take a lookup per key."""
     block_m = min(64, next_power_of_2(rows, 16))
     if INTERPRET:
-        return dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=4, num_stages=1)
-    block_n = 64 if head_dim_block <= 128 else 32        # D = 256: halve the tile to stay in registers
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, num_stages=3)
+        cfg = dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=4, num_stages=1)
+    else:
+        cfg = dict(BLOCK_M=block_m, BLOCK_N=64 if head_dim_block <= 128 else 32, num_warps=8, num_stages=2)
+    cfg["PAGE_ALIGNED"] = page_size >= cfg["BLOCK_N"] and not leftpad
+    return cfg
 
 
 def kv_append(k, v, k_cache, v_cache, cache_seqlens, *, cache_batch_idx=None, block_table=None) -> None:
@@ -360,7 +374,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, seqlen_new: int, sof
     if out.numel() == 0:
         return out, lse.fill_(float("inf"))
     block_d = max(16, next_power_of_2(head_dim))
-    cfg = decode_config(block_d, group * seqlen_q)
+    paged = block_table is not None
+    cfg = decode_config(block_d, group * seqlen_q, k_cache.shape[1] if paged else 0, cache_leftpad is not None)
     row_tiles = triton.cdiv(group * seqlen_q, cfg["BLOCK_M"])
     split = num_splits > 1
     if split:
@@ -370,7 +385,6 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, seqlen_new: int, sof
     else:
         o_buf, lse_buf = out, lse
         o_strides, lse_strides = (0, *out.stride()[:3]), (0, *lse.stride()[:2])
-    paged = block_table is not None
     log2_page = int(k_cache.shape[1]).bit_length() - 1 if paged else 0
     has_softcap = softcap > 0.0
     dummy = cache_seqlens
