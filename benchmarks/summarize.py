@@ -1,7 +1,10 @@
 """Markdown tables from a committed results.json (what the README and docs show).
 
     python benchmarks/summarize.py benchmarks/results/h200-2026-11-21/attention/results.json [--only REGEX]
-        [--providers a,b,c] [--metric tflops|gbps|ms|peak_mem_MiB]
+        [--providers a,b,c] [--metric tflops|gbps|ms|peak_mem_MiB|per_s]
+
+``per_s`` is throughput from ``ms`` and the case's params: tokens/s for the models suite's LLM rows
+(``tokens``), steps/s (it/s) for its diffusion loop (``steps``), samples/s for the DiT step (``B``).
 
 One row per case, one column per provider: the metric, or the status (OOM, SKIP, ...) where there is none.
 """
@@ -18,6 +21,10 @@ def fmt(row, metric):
         return row["status"]
     if metric == "peak_mem_MiB":
         value = None if row.get("peak_mem_bytes") is None else row["peak_mem_bytes"] / 2**20
+    elif metric == "per_s":
+        p = row.get("params", {})
+        count = p.get("tokens", p.get("steps", p.get("B")))
+        value = None if count is None or not row.get("ms") else count / (row["ms"] * 1e-3)
     else:
         value = row.get(metric)
     if value is None:
