@@ -12,7 +12,8 @@ For sequence b of the batch:
 
 Rotary: a new key at position p is rotated by the angle of table row p. The queries are rotated at positions
 cache_seqlens[b] + i when causal or windowed (query i is the (i + 1)-th new token), else all of them at
-cache_seqlens[b] (flash-attn's rule).
+cache_seqlens[b] (flash-attn's rule). Rotated keys and queries are rounded to the input dtype (the keys live
+in the cache; the kernels' rotated q is a tensor of q's dtype).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def flash_attn_with_kvcache_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=
                 flat = q_b.reshape(1, 1, -1, q_b.shape[-1])
                 q_b = apply_rotary_emb_ref(flat, cos, sin, interleaved=rotary_interleaved,
                                            seqlen_offsets=start).reshape(q_b.shape)
+            q_b = q_b.to(q.dtype)           # the rotated queries are in q's dtype, like the rotated keys
         slopes = None
         if alibi_slopes is not None:
             slopes = alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b]
