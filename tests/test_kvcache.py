@@ -112,7 +112,11 @@ def _opts(opts, batch, nheads_q, device):
     return opts
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in {**c["shape"], **c["opts"]}.items()))
+def _case_id(case):
+    return "-".join(f"{k}={v}" for k, v in {**case["shape"], **case["opts"]}.items())
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_matches_reference(device, case):
     q, kc, vc, k, v, lens = make_inputs(device, **case["shape"])
     opts = _opts(case["opts"], q.shape[0], q.shape[2], device)

@@ -274,11 +274,13 @@ def _decode_combine_kernel(
     m_d = o_d < head_dim
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     p_part = p_o_part + i_b * stride_op_b + i_q * stride_op_s + i_h * stride_op_h
-    for i_s in range(0, num_splits):
-        lse_i = tl.load(p_lse_row + i_s * stride_lp_split)
+    for _ in range(0, num_splits):                                        # pointers advance: 64-bit offsets
+        lse_i = tl.load(p_lse_row)
         if lse_i > float("-inf"):                                         # an empty split: nothing to read
-            b_o = tl.load(p_part + i_s * stride_op_split + o_d, mask=m_d, other=0.0)   # [BLOCK_D]
+            b_o = tl.load(p_part + o_d, mask=m_d, other=0.0)              # [BLOCK_D]
             acc += tl.exp2((lse_i - lse) * LOG2E) * b_o
+        p_lse_row += stride_lp_split
+        p_part += stride_op_split
     lse = tl.where(total == 0.0, float("inf"), lse)
     tl.store(p_o + i_b * stride_o_b + i_q * stride_o_s + i_h * stride_o_h + o_d, acc.to(p_o.dtype.element_ty),
              mask=m_d)
