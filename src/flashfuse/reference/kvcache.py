@@ -34,7 +34,7 @@ def flash_attn_with_kvcache_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=
                                 rotary_interleaved=True, alibi_slopes=None, compute_dtype=torch.float64):
     """Returns (out (batch, seqlen_q, nheads_q, D) in q's dtype, lse (batch, nheads_q, seqlen_q) fp32).
     k_cache and v_cache are updated in place when k, v are given (as the kernel does)."""
-    batch, seqlen_q = q.shape[0], q.shape[1]
+    batch = q.shape[0]
     seqlen_new = 0 if k is None else k.shape[1]
     paged = block_table is not None
     page_size = k_cache.shape[1]
