@@ -17,7 +17,8 @@ from .ops.attention.interface import (  # noqa: E402
     flash_attn_varlen_qkvpacked_func,
     scaled_dot_product_attention,
 )
-from .ops.attention.kvcache import flash_attn_with_kvcache  # noqa: E402from .ops.cross_entropy import cross_entropy, fused_linear_cross_entropy  # noqa: E402
+from .ops.attention.kvcache import flash_attn_with_kvcache  # noqa: E402
+from .ops.cross_entropy import cross_entropy, fused_linear_cross_entropy  # noqa: E402
 from .ops.glu import geglu, swiglu  # noqa: E402
 from .ops.group_norm import group_norm  # noqa: E402
 from .ops.matmul import fused_mlp, gated_mlp, linear  # noqa: E402
