@@ -15,7 +15,7 @@ from flashfuse.ops.modulation import (ada_layer_norm, ada_layer_norm_gate, ada_l
                                       layer_norm_modulate)
 from flashfuse.reference.modulation import (ada_layer_norm_gate_ref, ada_layer_norm_ref,
                                             basic_transformer_block_modulation_ref)
-from testing import rel_err  # noqa: E402
+from testing import nan_alloc, rel_err  # noqa: E402
 
 F32, F16 = torch.float32, torch.float16
 # Relative error ||out - ref|| / ||ref|| against float64: fp32 kernels measure ~1e-7; fp16 rounds each
@@ -25,10 +25,7 @@ TOL = {F32: 1e-5, F16: 2e-3}
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    def alloc(shape, dtype, device):
-        return torch.full(shape if isinstance(shape, tuple) else (shape,), float("nan"), dtype=dtype,
-                          device=device)
-    monkeypatch.setattr(mod_ops, "_alloc", alloc)
+    monkeypatch.setattr(mod_ops, "_alloc", nan_alloc)
 
 
 def check_op(op, ref_op, tensors: dict, kwargs: dict, tol: float):

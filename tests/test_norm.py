@@ -13,7 +13,7 @@ import flashfuse.ops.norm as norm_ops
 from flashfuse.nn.norm import LayerNorm, RMSNorm
 from flashfuse.ops.norm import layer_norm, rms_norm
 from flashfuse.reference.norm import layer_norm_ref, rms_norm_ref
-from testing import rel_err  # noqa: E402
+from testing import nan_alloc, rel_err  # noqa: E402
 
 F32, F16 = torch.float32, torch.float16
 # Relative error ||out - ref|| / ||ref|| against float64: fp32 kernels measure ~1e-7; fp16 rounds each
@@ -23,10 +23,7 @@ TOL = {F32: 1e-5, F16: 2e-3}
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    def alloc(shape, dtype, device):
-        return torch.full(shape if isinstance(shape, tuple) else (shape,), float("nan"), dtype=dtype,
-                          device=device)
-    monkeypatch.setattr(norm_ops, "_alloc", alloc)
+    monkeypatch.setattr(norm_ops, "_alloc", nan_alloc)
 
 
 def leaf(t, dtype=None):
