@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .._checks import check_same, check_tensor, last_dim_contiguous
 from ._custom_op import FlashfuseOp
-from ._triton import next_power_of_2, tanh
+from ._triton import cdiv, next_power_of_2, tanh
 
 REDUCTIONS = ("mean", "sum", "none")
 LABEL_DTYPES = (torch.int64, torch.int32)
@@ -178,7 +178,7 @@ def cross_entropy_rows(logits: Tensor, labels: Tensor, *, ignore_index: int, lab
 
 def default_chunk_size(n_rows: int, hidden_size: int, vocab_size: int) -> int:
     """Rows per chunk: logits chunk about the size of hidden (Liger), at least MIN_CHUNK rows (see there)."""
-    liger = next_power_of_2(triton.cdiv(n_rows, triton.cdiv(vocab_size, hidden_size)))
+    liger = next_power_of_2(cdiv(n_rows, cdiv(vocab_size, hidden_size)))
     return max(1, min(max(liger, MIN_CHUNK), n_rows))
 
 

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .._checks import check_same, check_tensor, last_dim_contiguous
 from ._custom_op import FlashfuseOp
-from ._triton import IN_INTERPRETER, next_power_of_2
+from ._triton import IN_INTERPRETER, cdiv, next_power_of_2
 
 # Activation codes (a constexpr picks the formula; ints, not strings: string constexpr defaults fail to
 # compile on triton 3.6).
@@ -272,7 +272,7 @@ def glu_forward(gate: Tensor, up: Tensor, activation: str, out: Tensor | None = 
     g2, u2, o2 = _as_rows(gate, n_cols), _as_rows(up, n_cols), out.view(-1, n_cols)
     n_rows = g2.shape[0]
     BLOCK, warps = _launch_config(n_cols, block, num_warps)
-    n_col_blocks = triton.cdiv(n_cols, BLOCK)
+    n_col_blocks = cdiv(n_cols, BLOCK)
     _glu_fwd_kernel[(n_rows * n_col_blocks,)](
         g2, u2, o2, n_cols, n_col_blocks, g2.stride(0), u2.stride(0), o2.stride(0),
         ACTIVATION=ACTIVATIONS[activation], BLOCK=BLOCK, num_warps=warps)
@@ -295,7 +295,7 @@ def glu_backward(dout: Tensor, gate: Tensor, up: Tensor, activation: str, dgate:
     dg2, du2 = dgate.view(-1, n_cols), dup.view(-1, n_cols)
     n_rows = g2.shape[0]
     BLOCK, warps = _launch_config(n_cols, block, num_warps)
-    n_col_blocks = triton.cdiv(n_cols, BLOCK)
+    n_col_blocks = cdiv(n_cols, BLOCK)
     _glu_bwd_kernel[(n_rows * n_col_blocks,)](
         dh2, g2, u2, dg2, du2, n_cols, n_col_blocks,
         dh2.stride(0), g2.stride(0), u2.stride(0), dg2.stride(0), du2.stride(0),

@@ -25,12 +25,11 @@ import math
 from typing import NamedTuple, Optional
 
 import torch
-import triton
 from torch import Tensor
 
 from .._checks import check_same, check_tensor
 from ._custom_op import FlashfuseOp
-from ._triton import next_power_of_2
+from ._triton import cdiv, next_power_of_2
 from .group_norm_details._kernels import (
     _group_norm_bwd_kernel,
     _group_norm_bwd_sums_kernel,
@@ -97,11 +96,11 @@ def _plan(n: int, groups: int, cpg: int, hw: int, channels_contiguous: bool, one
     chunk_hw, n_chunks = hw, 1
     sms = _num_sms(device)
     if n * groups < SPLIT_BELOW_GROUPS_PER_SM * sms:
-        want = triton.cdiv(SPLIT_PROGRAMS_PER_SM * sms, n * groups)
-        chunk_hw = max(triton.cdiv(hw, want), triton.cdiv(MIN_CHUNK_ELEMENTS, cpg))
+        want = cdiv(SPLIT_PROGRAMS_PER_SM * sms, n * groups)
+        chunk_hw = max(cdiv(hw, want), cdiv(MIN_CHUNK_ELEMENTS, cpg))
         block_hw = min(block_hw, next_power_of_2(chunk_hw))
-        chunk_hw = triton.cdiv(chunk_hw, block_hw) * block_hw
-        n_chunks = triton.cdiv(hw, chunk_hw)
+        chunk_hw = cdiv(chunk_hw, block_hw) * block_hw
+        n_chunks = cdiv(hw, chunk_hw)
         if n_chunks == 1:
             chunk_hw = hw
     mode = MODE_SPLIT if n_chunks > 1 else MODE_LOOP

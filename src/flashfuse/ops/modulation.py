@@ -29,7 +29,7 @@ from torch import Tensor
 
 from .._checks import check_same, check_tensor, last_dim_contiguous
 from ._custom_op import FlashfuseOp
-from ._triton import next_power_of_2
+from ._triton import cdiv, next_power_of_2
 
 # Largest column block one program holds in registers (the forward keeps x in fp32 and loads scale /
 # shift next to it; the backward keeps x, dy, 1 + scale and the two fp32 accumulators), as in
@@ -299,9 +299,9 @@ def _token_chunks(device: torch.device, n_batch: int, seqlen: int, block_m: int,
         target = _sm_count(index) * max(1, BWD_WARPS_PER_SM // num_warps)
     else:
         target = INTERPRETER_BWD_PROGRAMS
-    n_chunks = min(triton.cdiv(seqlen, block_m), max(1, target // max(1, n_batch * n_col_blocks)))
-    rows = max(1, triton.cdiv(triton.cdiv(seqlen, max(n_chunks, 1)), block_m)) * block_m
-    return triton.cdiv(seqlen, rows), rows
+    n_chunks = min(cdiv(seqlen, block_m), max(1, target // max(1, n_batch * n_col_blocks)))
+    rows = max(1, cdiv(cdiv(seqlen, max(n_chunks, 1)), block_m)) * block_m
+    return cdiv(seqlen, rows), rows
 
 
 def _reduce_partials(part: Tensor, n_param_batch: int, dtype: torch.dtype) -> Tensor:
@@ -323,7 +323,7 @@ def ada_layer_norm_forward(x: Tensor, scale: Tensor, shift: Tensor, eps: float =
     if n_rows == 0:
         return y, mean, rstd
     block_m, block_n, num_warps = _row_config(n_rows, n_cols, MAX_BLOCK_N_FWD)
-    _ada_ln_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
+    _ada_ln_fwd_kernel[(cdiv(n_rows, block_m),)](
         x, scale, shift, y, mean, rstd, n_rows, seqlen, n_cols,
         x.stride(0), x.stride(1), scale.stride(0) if scale.shape[0] > 1 else 0,
         shift.stride(0) if shift.shape[0] > 1 else 0, n_cols, float(eps),
@@ -360,7 +360,7 @@ def ada_layer_norm_gate_forward(residual: Tensor, gate: Tensor, y: Tensor) -> Te
     if n_rows == 0:
         return out
     block_m, block_n, num_warps = _elementwise_config(n_rows, n_cols)
-    _gate_fwd_kernel[(triton.cdiv(n_rows, block_m), triton.cdiv(n_cols, block_n))](
+    _gate_fwd_kernel[(cdiv(n_rows, block_m), cdiv(n_cols, block_n))](
         residual, gate, y, out, n_rows, seqlen, n_cols,
         residual.stride(0), residual.stride(1), gate.stride(0) if gate.shape[0] > 1 else 0,
         y.stride(0), y.stride(1), n_cols,
@@ -373,7 +373,7 @@ def ada_layer_norm_gate_backward(dout: Tensor, gate: Tensor, y: Tensor):
     n_batch, seqlen, n_cols = y.shape
     dy = _alloc((n_batch, seqlen, n_cols), y.dtype, y.device)
     block_m, block_n, num_warps = _elementwise_config(seqlen, n_cols)
-    n_col_blocks = triton.cdiv(n_cols, block_n)
+    n_col_blocks = cdiv(n_cols, block_n)
     n_chunks, rows = _token_chunks(y.device, n_batch, seqlen, block_m, num_warps, n_col_blocks)
     n_chunks = n_chunks if n_batch > 0 else 0
     part = _alloc((n_chunks, n_batch, n_cols), torch.float32, y.device)

@@ -17,12 +17,11 @@ import math
 from typing import Optional
 
 import torch
-import triton
 from torch import Tensor
 
 from .._checks import check_same, check_tensor, last_dim_contiguous
 from ._custom_op import FlashfuseOp
-from ._triton import next_power_of_2
+from ._triton import cdiv, next_power_of_2
 from .norm_details._kernels import _norm_bwd_kernel, _norm_bwd_row_sums_kernel, _norm_fwd_kernel
 
 CASTING_MODES = ("llama", "gemma")
@@ -105,7 +104,7 @@ def _norm_forward(x, residual, weight, bias, eps, offset, *, is_rms, llama_casti
     block_m, block_n, num_warps = _launch_config(n_rows, n_cols, MAX_BLOCK_N_FWD, FWD_ELEMENTS_PER_WARP,
                                                  FWD_MAX_WARPS)
     dummy = x  # stands in for absent optional tensors; the kernel never touches it (HAS_* is False)
-    _norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
+    _norm_fwd_kernel[(cdiv(n_rows, block_m),)](
         x, dummy if residual is None else residual, dummy if weight is None else weight,
         dummy if bias is None else bias, y, dummy if s is None else s, rstd if mean is None else mean, rstd,
         n_rows, n_cols,
@@ -124,12 +123,12 @@ def _norm_backward(dy, dsum, s, weight, bias, mean, rstd, offset, *, is_rms, lla
     dx = _alloc((n_rows, n_cols), dtype=s.dtype, device=device)
     block_m, block_n, num_warps = _launch_config(n_rows, n_cols, MAX_BLOCK_N_BWD, BWD_ELEMENTS_PER_WARP,
                                                  BWD_MAX_WARPS, BWD_RMS_WIDE_ELEMENTS_PER_WARP if is_rms else 0)
-    n_col_blocks = triton.cdiv(n_cols, block_n)
+    n_col_blocks = cdiv(n_cols, block_n)
     # Enough row programs to fill the GPU, each looping over a contiguous run of rows (a multiple of
     # BLOCK_M) and keeping its dw / db partial in registers.
-    n_programs = min(triton.cdiv(n_rows, block_m), max(1, _bwd_programs(device, num_warps) // n_col_blocks))
-    rows_per_program = max(1, triton.cdiv(triton.cdiv(n_rows, max(n_programs, 1)), block_m)) * block_m
-    n_programs = triton.cdiv(n_rows, rows_per_program)  # 0 when there are no rows: dw = db = 0
+    n_programs = min(cdiv(n_rows, block_m), max(1, _bwd_programs(device, num_warps) // n_col_blocks))
+    rows_per_program = max(1, cdiv(cdiv(n_rows, max(n_programs, 1)), block_m)) * block_m
+    n_programs = cdiv(n_rows, rows_per_program)  # 0 when there are no rows: dw = db = 0
     dw_part = _alloc((n_programs, n_cols), dtype=torch.float32, device=device) if compute_dw else None
     db_part = _alloc((n_programs, n_cols), dtype=torch.float32, device=device) if compute_db else None
     if n_rows > 0:
@@ -138,7 +137,7 @@ def _norm_backward(dy, dsum, s, weight, bias, mean, rstd, offset, *, is_rms, lla
         dummy = s
         if not one_block:
             row_sums = _alloc((n_rows, 2), dtype=torch.float32, device=device)
-            _norm_bwd_row_sums_kernel[(triton.cdiv(n_rows, block_m),)](
+            _norm_bwd_row_sums_kernel[(cdiv(n_rows, block_m),)](
                 dy, s, dummy if weight is None else weight, rstd if mean is None else mean, rstd, row_sums,
                 n_rows, n_cols, dy.stride(0), s.stride(0), float(offset),
                 IS_RMS=is_rms, HAS_WEIGHT=weight is not None, BLOCK_M=block_m, BLOCK_N=block_n,

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .._checks import check_same, check_tensor, last_dim_contiguous
 from ._custom_op import FlashfuseOp
-from ._triton import next_power_of_2
+from ._triton import cdiv, next_power_of_2
 
 INT_DTYPES = (torch.int32, torch.int64)
 MAX_GRID_BATCH = 65535        # CUDA's limit on grid dim 1, where the batch (or sequence) index lives
@@ -205,7 +205,7 @@ def rotary_forward(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, *, rotary_d
     width = 2 * block_k + (block_p if copy_pass else 0)
     block_h = min(next_power_of_2(max(x.shape[-2], heads_y)), _floor_pow2(TILE_ELEMENTS // width))
     num_warps = min(8, _floor_pow2(WARPS_PER_1K * block_h * width // 1024))
-    tiles_x, tiles_y = triton.cdiv(x.shape[-2], block_h), triton.cdiv(heads_y, block_h)
+    tiles_x, tiles_y = cdiv(x.shape[-2], block_h), cdiv(heads_y, block_h)
     cos_b, cos_s = (cos.stride(0), cos.stride(1)) if cos.dim() == 3 else (0, cos.stride(0))
     sin_b, sin_s = (sin.stride(0), sin.stride(1)) if sin.dim() == 3 else (0, sin.stride(0))
     if position_ids is not None:

@@ -44,6 +44,7 @@ from torch import Tensor
 
 from .._checks import check_same, check_tensor
 from ._custom_op import FlashfuseOp
+from ._triton import cdiv
 
 COEFFICIENTS = ("P0", "P1", "P2", "E0", "E1", "E2", "E3", "C0", "C1", "C2", "C3")
 N_COEF = len(COEFFICIENTS)
@@ -111,7 +112,7 @@ def scheduler_step_forward(model_output: Tensor, sample: Tensor, noise: Optional
     n = sample.numel()
     if n == 0:
         return out
-    _scheduler_step_kernel[(triton.cdiv(n, BLOCK),)](
+    _scheduler_step_kernel[(cdiv(n, BLOCK),)](
         sample, model_output, sample if noise is None else noise, out, coefficients, step_index,
         n, coefficients.shape[0] - 1, float(clip_range),
         CLIP=clip_range > 0, HAS_NOISE=noise is not None, N_COEF=N_COEF, BLOCK=BLOCK, num_warps=NUM_WARPS,

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .._checks import check_same, check_tensor
-from ._triton import IN_INTERPRETER
+from ._triton import IN_INTERPRETER, cdiv
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32)
 BACKENDS = ("triton", "cuda")
@@ -87,7 +87,7 @@ def vector_add_triton(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> to
     """out = a + b for contiguous tensors of one shape and dtype (no checks: see vector_add)."""
     n = a.numel()
     if n:
-        _vector_add_kernel[(triton.cdiv(n, BLOCK),)](a, b, out, n, BLOCK=BLOCK, num_warps=NUM_WARPS)
+        _vector_add_kernel[(cdiv(n, BLOCK),)](a, b, out, n, BLOCK=BLOCK, num_warps=NUM_WARPS)
     return out
 
 

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from ..._env import INTERPRET
-from .._triton import dot, next_power_of_2
+from .._triton import cdiv, dot, next_power_of_2
 from ._flash_common import LOG2E, key_block_phases, score_mod
 
 # ----------------------------------------------------------------------------------------------------
@@ -308,7 +308,7 @@ def num_splits_heuristic(device: torch.device, batch: int, nheads_k: int, row_ti
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 8   # the interpreter: any small number exercises the split path
     ctas = batch * nheads_k * row_tiles
-    n_blocks = triton.cdiv(max(max_seqlen_k, 1), block_n)
+    n_blocks = cdiv(max(max_seqlen_k, 1), block_n)
     if ctas >= 0.8 * sms or n_blocks <= 1:
         return 1
     max_splits = min(MAX_SPLITS, n_blocks, sms)
@@ -350,7 +350,7 @@ def kv_append(k, v, k_cache, v_cache, cache_seqlens, *, cache_batch_idx=None, bl
     block_h = min(next_power_of_2(nheads_k), max(1, 2048 // block_d))
     paged = block_table is not None
     log2_page = int(k_cache.shape[1]).bit_length() - 1 if paged else 0
-    grid = (seqlen_new, batch, triton.cdiv(nheads_k, block_h))
+    grid = (seqlen_new, batch, cdiv(nheads_k, block_h))
     _kv_append_kernel[grid](
         k, v, k_cache, v_cache, cache_seqlens,
         cache_batch_idx if cache_batch_idx is not None else cache_seqlens,
@@ -378,7 +378,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, seqlen_new: int, sof
     block_d = max(16, next_power_of_2(head_dim))
     paged = block_table is not None
     cfg = decode_config(block_d, group * seqlen_q, k_cache.shape[1] if paged else 0, cache_leftpad is not None)
-    row_tiles = triton.cdiv(group * seqlen_q, cfg["BLOCK_M"])
+    row_tiles = cdiv(group * seqlen_q, cfg["BLOCK_M"])
     split = num_splits > 1
     if split:
         o_buf = torch.empty(num_splits, *q.shape, dtype=torch.float32, device=q.device)

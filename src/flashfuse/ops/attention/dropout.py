@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._triton import cdiv
+
 
 def new_rng_state(device) -> torch.Tensor:
     """(seed, offset) as an int64 tensor on ``device``, drawn from torch's default generator there."""
@@ -51,6 +53,6 @@ def dropout_mask(rng_state: torch.Tensor, batch: int, nheads_q: int, seqlen_q: i
                  dropout_p: float) -> torch.Tensor:
     """The keep-mask the attention kernels use for ``rng_state``: bool (batch, nheads_q, seqlen_q, seqlen_k)."""
     mask = torch.empty(batch, nheads_q, seqlen_q, seqlen_k, dtype=torch.int8, device=rng_state.device)
-    grid = (triton.cdiv(seqlen_q, 32), batch * nheads_q)
+    grid = (cdiv(seqlen_q, 32), batch * nheads_q)
     _dropout_mask_kernel[grid](rng_state, mask, seqlen_q, seqlen_k, float(dropout_p), BLOCK_M=32, BLOCK_N=32)
     return mask.bool()

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..._env import INTERPRET
-from .._triton import dot
+from .._triton import cdiv, dot
 from ._flash_common import LOG2E, kernel_options, key_block_phases, query_block_phases, score_mod, seq_bounds
 from .dropout import dropout_keep
 from .flash_fwd import head_dim_block
@@ -390,7 +390,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     block_d = head_dim_block(head_dim)
     delta = torch.empty_like(lse)
     pre_block = 64
-    _bwd_preprocess_kernel[(triton.cdiv(seqlen_q, pre_block), batch * nheads_q)](
+    _bwd_preprocess_kernel[(cdiv(seqlen_q, pre_block), batch * nheads_q)](
         out, dout, delta, cu_seqlens_q if is_varlen else delta, *o_s, *do_s, *lse_strides, nheads_q,
         seqlen_q, head_dim, IS_VARLEN=is_varlen, BLOCK_M=pre_block, BLOCK_D=block_d)
 
@@ -400,8 +400,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
                           dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
                           cu_seqlens_k=cu_seqlens_k, dummy=dq)
     cfg = backward_config(block_d, q.dtype)
-    num_kv_blocks = triton.cdiv(seqlen_k, cfg["BLOCK_N1"])
-    num_q_blocks = triton.cdiv(seqlen_q, cfg["BLOCK_M2"])
+    num_kv_blocks = cdiv(seqlen_k, cfg["BLOCK_N1"])
+    num_q_blocks = cdiv(seqlen_q, cfg["BLOCK_M2"])
     group = nheads_q // nheads_k
     _flash_bwd_kernel[(num_kv_blocks + group * num_q_blocks, batch * nheads_k)](
         q, k, v, dout, lse, delta, dq, dk, dv, *opts.pointers,

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..._env import INTERPRET
-from .._triton import dot
+from .._triton import cdiv, dot, next_power_of_2
 from ._flash_common import LOG2E, kernel_options, key_block_phases, score_mod, seq_bounds
 from .dropout import dropout_keep
 
@@ -177,7 +177,7 @@ def forward_config(head_dim_block: int, dtype: torch.dtype, windowed: bool, has_
 
 def head_dim_block(head_dim: int) -> int:
     """Head dims are padded (masked) to a power of two >= 16, tl.dot's smallest K."""
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, next_power_of_2(head_dim))
 
 
 def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, window_right: int = -1,
@@ -219,7 +219,7 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
                           cu_seqlens_k=cu_seqlens_k, dummy=out)
     cfg = forward_config(block_d, q.dtype, windowed=window_left >= 0 or window_right >= 0,
                          has_bias=attn_bias is not None)
-    grid = (triton.cdiv(seqlen_q, cfg["BLOCK_M"]), batch * nheads_q)
+    grid = (cdiv(seqlen_q, cfg["BLOCK_M"]), batch * nheads_q)
     _flash_fwd_kernel[grid](
         q, k, v, out, lse, *opts.pointers,
         *q_strides[:3], *k_strides[:3], *v_strides[:3], *o_strides[:3], *lse_strides, *opts.strides,

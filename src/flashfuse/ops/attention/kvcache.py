@@ -19,11 +19,11 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import triton
 from torch import Tensor
 
 from ..._checks import check_same, check_tensor, last_dim_contiguous
 from .._custom_op import FlashfuseOp, _tracing
+from .._triton import cdiv
 from ..rope import rotary_forward
 from .decode import MAX_SPLITS, decode_attention, decode_config, kv_append, num_splits_heuristic
 from .interface import MAX_HEAD_DIM, _check_options
@@ -320,7 +320,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                  f"reach position {max(max_end, last_q) - 1}; seqlen_ro must cover them")
     if num_splits == 0:
         cfg = decode_config(max(16, head_dim), (nheads_q // nheads_k) * seqlen_q)
-        row_tiles = triton.cdiv((nheads_q // nheads_k) * seqlen_q, cfg["BLOCK_M"])
+        row_tiles = cdiv((nheads_q // nheads_k) * seqlen_q, cfg["BLOCK_M"])
         num_splits = num_splits_heuristic(q.device, batch, nheads_k, row_tiles, max_seqlen_k, cfg["BLOCK_N"])
 
     if k is not None:

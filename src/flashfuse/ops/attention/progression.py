@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import dot, next_power_of_2
+from .._triton import cdiv, dot, next_power_of_2
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): exp2 is the native instruction (MUFU.EX2)
 
@@ -397,7 +397,7 @@ def blocked_attention_forward(q, k, v, is_causal=False, scale=None, out=None):
         return out
     block_d = next_power_of_2(headdim, 16)                                # tl.dot needs K >= 16
     block_m, block_n, num_warps, num_stages = _blocked_config(block_d, q.dtype)
-    grid = (batch * nheads_q * triton.cdiv(seqlen_q, block_m),)
+    grid = (batch * nheads_q * cdiv(seqlen_q, block_m),)
     _blocked_attention_kernel[grid](
         q, k, v, out, *_strides(q, k, v, out), *ints, _default_scale(q, scale) * LOG2E,
         IS_CAUSAL=bool(is_causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,

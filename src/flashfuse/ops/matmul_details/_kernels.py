@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ..._env import INTERPRET
-from .._triton import dot, next_power_of_2, tanh
+from .._triton import cdiv, dot, next_power_of_2, tanh
 
 ACTIVATIONS = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "relu": 4}
 # Gated names -> the activation applied to the gate half.
@@ -183,7 +183,6 @@ def _linear_kernel(
     USE_TMA_OUT: tl.constexpr, FLATTEN: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    dtype = out_ptr.dtype.element_ty
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
@@ -469,7 +468,7 @@ def _launch(x, w, wu, bias, bias_up, out, pre, pre_up, dpre, dpre_up, *, activat
                  FLATTEN=FLATTEN and use_tma and not INTERPRET)  # flattened pointer loops spill (compile check)
 
     def grid(meta):
-        tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+        tiles = cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])
         return (tiles if INTERPRET else min(tiles, _num_sms(x.device.index or 0)),)
 
     if config is None and INTERPRET:
@@ -532,7 +531,7 @@ def act_grad(dy, pre, *, activation: int, gated: bool):
     # rows of up to 512 columns give 16-byte vector accesses per thread with 8 warps.
     block_n = min(next_power_of_2(N), 512)
     block_m = max(1, 4096 // block_n)
-    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+    grid = (cdiv(M, block_m), cdiv(N, block_n))
     _act_grad_kernel[grid](dy, z, u if u is not None else z, dz, du if du is not None else dz,
                            M, N, dy.stride(0), z.stride(0), dz.stride(0),
                            ACTIVATION=activation, GATED=gated, BLOCK_M=block_m, BLOCK_N=block_n,
