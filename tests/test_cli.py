@@ -56,6 +56,16 @@ def test_bench_filters(tmp_path, capsys):
     assert [(r["provider"], r["case"]) for r in rows] == [("torch", "N=2^10 fp32")]
     assert sorted(os.listdir(out)) == ["results.json"]
     assert "every row" in capsys.readouterr().out
+    assert _rows(out)["options"]["timing"] == "do_bench (eager calls)"
+
+
+def test_bench_cuda_graph_option_is_recorded(tmp_path):
+    out = tmp_path / "g"
+    assert main(["bench", "vector-add", "--out", str(out), "--providers", "torch", "--only", r"2\^10 ",
+                 "--no-plots", "--no-progress", "--cuda-graph"]) == 0
+    doc = _rows(out)
+    assert doc["options"]["timing"] == "cuda-graph replays"
+    assert [r["status"] for r in doc["rows"]] == ["OK"]
 
 
 @pytest.mark.parametrize("argv, message", [

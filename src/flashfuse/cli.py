@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", type=_csv, help="dtypes to run instead of each suite's default, e.g. bf16,fp16")
     bench.add_argument("--providers", type=_csv, help="only these providers (also enables non-default ones)")
     bench.add_argument("--only", metavar="REGEX", help="only cases whose name matches REGEX (re.search)")
+    bench.add_argument("--cuda-graph", action="store_true",
+                       help="time CUDA-graph replays of each call (every provider alike): the GPU time without "
+                            "the host's Python and launch costs")
     bench.add_argument("--detail", action="store_true", help="also print one line per (case, provider)")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -109,7 +112,7 @@ def _bench(args) -> int:
     if msg:
         return error(msg)
     opts = Options(quick=args.quick, dtypes=dtypes, providers=args.providers, only=args.only,
-                   progress=not args.no_progress)
+                   progress=not args.no_progress, cuda_graph=args.cuda_graph)
     if args.only:
         import re
         try:
@@ -130,7 +133,8 @@ def _bench(args) -> int:
     ceilings = measure_ceilings(opts.device)
     os.makedirs(args.out, exist_ok=True)
     options = {"suites": [s.name for s in suites], "quick": args.quick, "dtype": args.dtype,
-               "providers": args.providers, "only": args.only}
+               "providers": args.providers, "only": args.only,
+               "timing": "cuda-graph replays" if args.cuda_graph else "do_bench (eager calls)"}
     json_path = os.path.join(args.out, "results.json")
     # Saved after every case too, so a run cut short (a time limit, a crash) keeps what it measured.
     rows = run_suites(suites, opts, ceilings,

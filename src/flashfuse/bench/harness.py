@@ -136,6 +136,7 @@ class Options:
     providers: tuple[str, ...] | None = None
     only: str | None = None
     progress: bool = True
+    cuda_graph: bool = False     # time CUDA-graph replays (GPU only): no host overhead in the numbers
 
     @property
     def gpu(self) -> bool:
@@ -200,10 +201,18 @@ def elementwise_bytes(numel: int, elem_size: int, n_inputs: int, n_outputs: int 
 # Timing and ceilings
 # ----------------------------------------------------------------------------------------------------
 
-def bench_ms(fn, gpu: bool, cpu_calls: int = CPU_TIMED_CALLS, rep_ms: int = 100) -> float:
-    """Median milliseconds of one call: do_bench with CUDA events on the GPU; wall clock on the CPU."""
+def bench_ms(fn, gpu: bool, cpu_calls: int = CPU_TIMED_CALLS, rep_ms: int = 100, cuda_graph: bool = False) -> float:
+    """Median milliseconds of one call: do_bench with CUDA events on the GPU; wall clock on the CPU.
+
+    ``cuda_graph``: the calls are captured into a CUDA graph and its replays timed
+    (``do_bench_cudagraph``), which leaves out what the host spends per call (Python, launches, the
+    autograd engine's hand-off to its device thread). BENCHMARKING.md's method for many small launches,
+    and for this GPU machine's host, whose Python on the autograd thread costs more than a norm's kernels.
+    The call must be capturable (no host synchronisation); a provider that is not gets an ERROR row."""
     if gpu:
         import triton.testing
+        if cuda_graph:
+            return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
         return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
     times = []
     for _ in range(cpu_calls):
@@ -530,7 +539,8 @@ class Runner:
             if not finite:
                 status, message = "WRONG", "non-finite values (NaN/inf) in the full-size run"
             else:
-                row.ms = bench_ms(_timed(call, case.mode, pdouts), gpu, rep_ms=rep_ms)
+                row.ms = bench_ms(_timed(call, case.mode, pdouts), gpu, rep_ms=rep_ms,
+                                  cuda_graph=self.opts.cuda_graph)
                 status = "OK"
         except Skip as exc:
             status, message = "SKIP", str(exc)
