@@ -174,6 +174,11 @@ class Suite:
     def tolerance(self, case: Case) -> float:
         return TOLERANCE[case.dtype]
 
+    def cuda_graph(self, case: Case) -> bool:
+        """Whether this case is timed as CUDA-graph replays whatever --cuda-graph says (e.g. decode steps,
+        which serving always captures)."""
+        return False
+
 
 # ----------------------------------------------------------------------------------------------------
 # Counters
@@ -413,7 +418,7 @@ class Runner:
                     if inputs is None:     # the checked inputs when the check ran on the case itself
                         inputs = self._ref[0] if self._ref_key == case.key() else self._inputs(suite, case)
                     self._measure(case, prov, inputs, row, checked=row.check_params is None,
-                                  rep_ms=suite.rep_ms)
+                                  rep_ms=suite.rep_ms, cuda_graph=self.opts.cuda_graph or suite.cuda_graph(case))
                 row.wall_s = time.perf_counter() - start
                 case_rows.append(row)
                 if progress is not None:
@@ -515,7 +520,8 @@ class Runner:
             _free_memory(self.opts.gpu)
         return status, message, (err if err is not None and math.isfinite(err) else None), tol
 
-    def _measure(self, case: Case, prov: Provider, inputs, row: Row, checked: bool, rep_ms: int = 100) -> None:
+    def _measure(self, case: Case, prov: Provider, inputs, row: Row, checked: bool, rep_ms: int = 100,
+                 cuda_graph: bool = False) -> None:
         """Full-size run: peak memory and finite outputs from one untimed call, then the timing.
         On the CPU, when the check ran on this very case (``checked``), its call stands for the untimed
         one: there is no peak memory to read, and the interpreter is slow."""
@@ -539,8 +545,7 @@ class Runner:
             if not finite:
                 status, message = "WRONG", "non-finite values (NaN/inf) in the full-size run"
             else:
-                row.ms = bench_ms(_timed(call, case.mode, pdouts), gpu, rep_ms=rep_ms,
-                                  cuda_graph=self.opts.cuda_graph)
+                row.ms = bench_ms(_timed(call, case.mode, pdouts), gpu, rep_ms=rep_ms, cuda_graph=cuda_graph)
                 status = "OK"
         except Skip as exc:
             status, message = "SKIP", str(exc)

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from ..harness import Suite
 from .attention import Attention
+from .decode import Decode
 from .diffusion import Diffusion
 from .llm import LLM
 from .models import Models
 from .vector_add import VectorAdd
 
-SUITES: dict[str, type[Suite]] = {cls.name: cls for cls in (VectorAdd, Attention, LLM, Diffusion, Models)}
+SUITES: dict[str, type[Suite]] = {cls.name: cls for cls in (VectorAdd, Attention, Decode, LLM, Diffusion, Models)}
 
 
 def get_suite(name: str) -> Suite:
