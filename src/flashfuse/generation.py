@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .ops._triton import cdiv
+from .ops.attention.decode import decode_config, num_splits_heuristic
 from .ops.attention.kvcache import flash_attn_with_kvcache
 from .ops.glu import swiglu
 from .ops.norm import rms_norm
@@ -95,6 +96,12 @@ class Generator:
         scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self.cos = (freqs.cos() * scaling).to(self.dtype)
         self.sin = (freqs.sin() * scaling).to(self.dtype)
+        # Decode steps use one split count, chosen for the full cache: the graph cannot read the lengths
+        # on the host, and eager steps then round exactly like the graph's. The prefill chooses its own.
+        group = self.nheads_q // self.nheads_k
+        block = decode_config(max(16, self.head_dim), group)
+        self.decode_splits = num_splits_heuristic(self.device, batch, self.nheads_k, cdiv(group, block["BLOCK_M"]),
+                                                  self.cache.max_seqlen, block["BLOCK_N"])
         self.cuda_graph = cuda_graph and self.device.type == "cuda"
         self._graph, self._capacity = None, 0
 
@@ -109,7 +116,7 @@ class Generator:
         a = flash_attn_with_kvcache(q, self.cache.k[i], self.cache.v[i], k, v, rotary_cos=self.cos,
                                     rotary_sin=self.sin, cache_seqlens=self.cache.seqlens,
                                     block_table=self.cache.block_table, causal=True, window_size=self.window,
-                                    rotary_interleaved=False)
+                                    rotary_interleaved=False, num_splits=self.decode_splits if seqlen == 1 else 0)
         a = F.linear(a.view(batch, seqlen, -1), attn.o_proj.weight, attn.o_proj.bias)
         h, x = rms_norm(a, layer.post_attention_layernorm.weight, self.eps, residual=x)
         up = swiglu(F.linear(h, mlp.gate_proj.weight), F.linear(h, mlp.up_proj.weight))
