@@ -102,14 +102,22 @@ def _sdpa(backend: str):
 _FLEX: dict = {}
 
 
+def _every_key(b, h, q_idx, kv_idx):
+    return kv_idx >= 0
+
+
 def _flex(case: Case, q, k_cache, v_cache):
-    from torch.nn.attention.flex_attention import flex_attention
+    """The block mask (every key visible) is built here, once: without one, flex_attention builds a default
+    mask on every call, with a host-to-device copy that CUDA-graph capture refuses."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     key = case.dtype
     if key not in _FLEX:
         _FLEX[key] = torch.compile(flex_attention, dynamic=False)
     compiled = _FLEX[key]
     qh, kh, vh = (_bhsd(t).contiguous() for t in (q, k_cache, v_cache))
-    return Call(lambda: compiled(qh, kh, vh, enable_gqa=True), to_canon=_bhsd, from_canon=_bhsd)
+    mask = create_block_mask(_every_key, None, None, 1, case.params["S"], device=q.device)
+    return Call(lambda: compiled(qh, kh, vh, block_mask=mask, enable_gqa=True), to_canon=_bhsd,
+                from_canon=_bhsd)
 
 
 # ----------------------------------------------------------------------------------------------------
