@@ -335,10 +335,9 @@ def _check_inputs(x, num_groups, weight, bias, eps, activation, residual):
     if residual is not None:
         check_tensor("residual", residual)
         check_same(("x", "residual"), (x, residual))
-        try:
-            ok = residual.dim() <= x.dim() and torch.broadcast_shapes(residual.shape, x.shape) == x.shape
-        except RuntimeError:
-            ok = False
+        # broadcastable to x: aligned from the right, each size 1 or x's (torch.broadcast_shapes costs ~20 us)
+        ok = residual.dim() <= x.dim() and all(
+            r in (1, n) for r, n in zip(reversed(residual.shape), reversed(x.shape)))
         if not ok:
             raise ValueError(f"residual has shape {tuple(residual.shape)}, not broadcastable to x's "
                              f"{tuple(x.shape)} (e.g. the time embedding (N, C, 1, 1) or x's shape)")
