@@ -118,7 +118,7 @@ def test_bench_every_suite_quick_exits_0_on_cpu(tmp_path, capsys):
     assert not [r for r in doc["rows"] if r["status"] in ("WRONG", "ERROR", "OOM")], \
         [(r["provider"], r["case"], r["message"]) for r in doc["rows"] if r["status"] in ("WRONG", "ERROR")]
     assert {r["provider"] for r in doc["rows"] if r["status"] == "N/A"} == \
-        {"cuda", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex", "compile", "liger", "hf-compile",
+        {"cuda", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math", "flex", "compile", "liger", "hf-compile",
          "flashfuse-compile"}
     assert (out / "attention_tflops.png").exists() and (out / "attention_progression_ms.png").exists()
     assert (out / "decode_gbps.png").exists()

@@ -4,7 +4,7 @@ Kernel rows (``attn``): seqlen_q = 1, Llama-3-8B's heads (32 query / 8 KV heads,
 and cache 1k..128k tokens (pairs up to 4M cached tokens, 16 GiB of bf16 K/V). Work = the bytes of the K and
 V caches read once (q and the output are ~1/S of that); % of the copy ceiling is the goal's measure.
 Providers: flashfuse ``flash_attn_with_kvcache`` on a contiguous cache and on a paged one (16-token pages, a
-shuffled block table: vLLM's default page size), SDPA under each backend (``enable_gqa=True``; a backend
+shuffled block table: vLLM's default page size), SDPA under each backend, math included (``enable_gqa=True``; a backend
 that refuses it gets K/V expanded to 32 heads, so it reads 4x the bytes, as serving code must then do) and
 compiled FlexAttention (``enable_gqa=True``). Every provider gets its preferred layout, made outside the timing.
 Decode steps are timed as CUDA-graph replays: serving captures them (the ``generate`` rows do), and a 1-token
@@ -186,6 +186,8 @@ class Decode(Suite):
             Provider("sdpa-cudnn", _sdpa("CUDNN_ATTENTION"), needs_cuda=True, skip=kernel),
             Provider("sdpa-flash", _sdpa("FLASH_ATTENTION"), needs_cuda=True, skip=kernel),
             Provider("sdpa-efficient", _sdpa("EFFICIENT_ATTENTION"), needs_cuda=True, skip=kernel),
+            Provider("sdpa-math", _sdpa("MATH"), needs_cuda=True, skip=kernel,
+                     description="SDPA's math backend (materialized scores)"),
             Provider("flex", _flex, needs_cuda=True, skip=kernel,
                      description="torch.compile(flex_attention, dynamic=False), enable_gqa=True"),
             Provider("flashfuse-generate", _flashfuse_generate, kind="flashfuse", skip=gen,
