@@ -129,29 +129,35 @@ def _normalize_store(s, mean, rstd, w, b, Y, o_c, o_hw, mask, stride_y_c, stride
 @triton.jit
 def _chunk_stats(X, R, CPG, hw_start, hw_end, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
                  HAS_RESIDUAL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
-    """(mean, m2 = sum of squared deviations) of s over channels [0, CPG) x pixels [hw_start, hw_end),
-    Chan-merged tile by tile."""
-    mean = 0.0
-    m2 = 0.0
-    count = 0.0
+    """(mean, m2 = sum of squared deviations) of s over channels [0, CPG) x pixels [hw_start, hw_end).
+
+    Shifted sums, accumulated per lane: with K the mean of the first tile (it removes any common offset,
+    so the squares do not cancel), every lane adds d = s - K and d^2 to its own registers; one block
+    reduction at the end gives sum(d), sum(d^2), then mean = K + sum(d) / n and m2 = sum(d^2) - sum(d)^2 / n.
+    A reduction per tile (a cross-warp barrier every BLOCK_C x BLOCK_HW elements) would stall the loads
+    of the next tile behind it."""
+    o_c = tl.arange(0, BLOCK_C)                                               # [BLOCK_C]
+    o_hw = hw_start + tl.arange(0, BLOCK_HW)                                  # [BLOCK_HW]
+    mask = (o_c < CPG)[:, None] & (o_hw < hw_end)[None, :]
+    s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
+    n_first = (tl.minimum(CPG, BLOCK_C) * tl.minimum(hw_end - hw_start, BLOCK_HW)).to(tl.float32)
+    shift = tl.sum(tl.sum(s, axis=1), axis=0) / n_first
+    acc = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
     for c0 in range(0, CPG, BLOCK_C):
         o_c = c0 + tl.arange(0, BLOCK_C)                                      # [BLOCK_C]
         m_c = o_c < CPG
-        n_c = tl.minimum(CPG - c0, BLOCK_C)
         for h0 in range(hw_start, hw_end, BLOCK_HW):
             o_hw = h0 + tl.arange(0, BLOCK_HW)                                # [BLOCK_HW]
             mask = m_c[:, None] & (o_hw < hw_end)[None, :]
             s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
-            n_b = (n_c * tl.minimum(hw_end - h0, BLOCK_HW)).to(tl.float32)
-            mean_b = tl.sum(tl.sum(s, axis=1), axis=0) / n_b
-            d = tl.where(mask, s - mean_b, 0.0)
-            m2_b = tl.sum(tl.sum(d * d, axis=1), axis=0)
-            count += n_b
-            frac = n_b / count
-            delta = mean_b - mean
-            mean += delta * frac
-            m2 += m2_b + delta * delta * (count - n_b) * frac
-    return mean, m2
+            d = tl.where(mask, s - shift, 0.0)
+            acc += d
+            acc2 += d * d
+    count = (CPG * (hw_end - hw_start)).to(tl.float32)
+    sum_d = tl.sum(tl.sum(acc, axis=1), axis=0)
+    m2 = tl.maximum(tl.sum(tl.sum(acc2, axis=1), axis=0) - sum_d * (sum_d / count), 0.0)
+    return shift + sum_d / count, m2
 
 
 @triton.jit
@@ -269,31 +275,37 @@ def _chunk_grad_sums(X, R, DY, W, B, DW_PART, DB_PART, mean, rstd, CPG, hw_start
                      ACTIVATION: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
                      BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
     """(sum(g), sum(g * x_hat)) over channels [0, CPG) x pixels [hw_start, hw_end); stores the per-channel
-    partials sum(dz * x_hat), sum(dz) of this chunk to DW_PART / DB_PART (offset to the chunk's row)."""
+    partials sum(dz * x_hat), sum(dz) of this chunk to DW_PART / DB_PART (offset to the chunk's row).
+    Two sums per lane, dz and dz * x_hat, reduced once per channel block (no cross-warp reduction inside
+    the pixel loop, see _chunk_stats); the group sums follow from them since g = dz * w_c:
+    sum(g) = sum_c w_c sum(dz)_c and sum(g * x_hat) = sum_c w_c sum(dz * x_hat)_c."""
     sum_g = 0.0
     sum_gx = 0.0
     for c0 in range(0, CPG, BLOCK_C):
         o_c = c0 + tl.arange(0, BLOCK_C)                                      # [BLOCK_C]
         m_c = o_c < CPG
         w, b = _load_affine(W, B, o_c, m_c, HAS_WEIGHT, HAS_BIAS)
-        dw = tl.zeros([BLOCK_C], dtype=tl.float32)
-        db = tl.zeros([BLOCK_C], dtype=tl.float32)
+        acc_dz = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
+        acc_dzx = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
         for h0 in range(hw_start, hw_end, BLOCK_HW):
             o_hw = h0 + tl.arange(0, BLOCK_HW)                                # [BLOCK_HW]
             mask = m_c[:, None] & (o_hw < hw_end)[None, :]
             s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
             dy = tl.load(DY + o_c[:, None] * stride_dy_c + o_hw[None, :] * stride_dy_hw, mask=mask, other=0.0)
-            x_hat, dz, g = _grad_tile(s, dy, mean, rstd, w, b, mask, HAS_WEIGHT, HAS_BIAS, ACTIVATION)
-            sum_g += tl.sum(tl.sum(g, axis=1), axis=0)
-            sum_gx += tl.sum(tl.sum(g * x_hat, axis=1), axis=0)
-            if COMPUTE_DW:
-                dw += tl.sum(dz * x_hat, axis=1)
-            if COMPUTE_DB:
-                db += tl.sum(dz, axis=1)
+            x_hat, dz, _g = _grad_tile(s, dy, mean, rstd, w, b, mask, HAS_WEIGHT, HAS_BIAS, ACTIVATION)
+            acc_dz += dz
+            acc_dzx += dz * x_hat
+        db = tl.sum(acc_dz, axis=1)                                           # [BLOCK_C]
+        dw = tl.sum(acc_dzx, axis=1)
         if COMPUTE_DW:
             tl.store(DW_PART + o_c, dw, mask=m_c)
         if COMPUTE_DB:
             tl.store(DB_PART + o_c, db, mask=m_c)
+        if HAS_WEIGHT:
+            db = db * w
+            dw = dw * w
+        sum_g += tl.sum(db, axis=0)
+        sum_gx += tl.sum(dw, axis=0)
     return sum_g, sum_gx
 
 
