@@ -20,7 +20,8 @@ What the patch does (flags of `patch_transformers`, all on by default):
 - ``mlp``: the MLP modules become fused ones sharing the HF child Linear modules: gate_proj/up_proj/down_proj
   MLPs (Llama, Mistral, Qwen2/3, Gemma/Gemma2) become `flashfuse.nn.SwiGLUMLP` or `GeGLUMLP` from the
   activation instance HF built from the config (``act_fn``: SiLU -> SwiGLU, gelu_pytorch_tanh -> tanh GeGLU);
-  Phi3's fused ``gate_up_proj`` becomes `GateUpMLP` (one gated GEMM over the fused [gate; up] weight);
+  Phi3's fused ``gate_up_proj`` becomes `GateUpMLP` (one GEMM over the fused [gate; up] weight, then the
+  gated activation on its two halves);
   GPT-2's Conv1D MLP becomes `Conv1DMLP` (weights stored (in, out), used through transposed views; gelu_new
   is the tanh GELU). An activation without a kernel, or a projection that is not a plain Linear / Conv1D (a
   LoRA or quantized layer, whose forward is more than its weight), leaves that MLP as it is, with a warning.
@@ -69,10 +70,10 @@ from torch import nn
 
 from .._checks import FLOAT_DTYPES
 from .._env import INTERPRET
-from ..nn.mlp import GeGLUMLP, SwiGLUMLP
+from ..nn.mlp import GeGLUMLP, SwiGLUMLP, gated_activation
 from ..nn.norm import LayerNorm, RMSNorm
 from ..ops.cross_entropy import fused_linear_cross_entropy
-from ..ops.matmul import fused_mlp, linear
+from ..ops.matmul import fused_mlp
 from ..ops.rope import apply_rotary_pos_emb as _flashfuse_apply_rotary_pos_emb
 
 __all__ = ["patch_transformers", "unpatch_transformers", "patched", "GateUpMLP", "Conv1DMLP", "SUPPORTED_FAMILIES"]
@@ -140,8 +141,9 @@ SUPPORTED_FAMILIES = tuple(f.name for f in _FAMILIES)
 class GateUpMLP(nn.Module):
     """Phi3-style MLP: down_proj(act(x W_gate^T) * (x W_up^T)) with W = gate_up_proj.weight = [W_gate; W_up].
 
-    One gated GEMM reads the fused (2 * intermediate, hidden) weight; the (tokens, 2 * intermediate)
-    pre-activation is never written. activation: "swiglu", "geglu" or "geglu_tanh".
+    One cuBLAS GEMM over the fused (2 * intermediate, hidden) weight, then the gated activation as one
+    kernel reading the two halves of its output in place (as ``flashfuse.nn.SwiGLUMLP``, whose docstring
+    says why not an epilogue-fused GEMM). activation: "swiglu", "geglu" or "geglu_tanh".
     """
 
     def __init__(self, gate_up_proj: nn.Linear, down_proj: nn.Linear, activation: str = "swiglu"):
@@ -151,8 +153,8 @@ class GateUpMLP(nn.Module):
         self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, activation=self.activation)
-        return self.down_proj(h)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(gated_activation(gate, up, self.activation))
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"
