@@ -17,6 +17,7 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIA
               eos_token_id=None, max_position_embeddings=128)
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(COMMON, tie_word_embeddings=True)),
+    "llama-bias": ("LlamaConfig", "LlamaForCausalLM", dict(COMMON, attention_bias=True, mlp_bias=True)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(COMMON, sliding_window=6)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(COMMON)),     # q/k/v projections with biases
 }
@@ -79,3 +80,6 @@ def test_bad_generate_arguments():
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50))
     with pytest.raises(ValueError, match="model_type is 'gpt2'; Generator supports llama, mistral, qwen2"):
         Generator(gpt2, batch=1, max_seqlen=8)
+    qwen = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=4))
+    with pytest.raises(ValueError, match="use_sliding_window is True"):
+        Generator(qwen, batch=1, max_seqlen=8)

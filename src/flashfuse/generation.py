@@ -64,6 +64,9 @@ def _family(model) -> str:
                          "decoders with a SiLU-gated MLP)")
     if getattr(model.config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act is {model.config.hidden_act!r}; Generator supports 'silu'")
+    if kind == "qwen2" and getattr(model.config, "use_sliding_window", False):
+        raise ValueError("use_sliding_window is True (a window on some layers only, by max_window_layers); "
+                         "Generator supports Qwen2 without sliding windows")
     return kind
 
 
@@ -119,8 +122,9 @@ class Generator:
                                     rotary_interleaved=False, num_splits=self.decode_splits if seqlen == 1 else 0)
         a = F.linear(a.view(batch, seqlen, -1), attn.o_proj.weight, attn.o_proj.bias)
         h, x = rms_norm(a, layer.post_attention_layernorm.weight, self.eps, residual=x)
-        up = swiglu(F.linear(h, mlp.gate_proj.weight), F.linear(h, mlp.up_proj.weight))
-        return x + F.linear(up, mlp.down_proj.weight)
+        up = swiglu(F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias), F.linear(h, mlp.up_proj.weight,
+                                                                                  mlp.up_proj.bias))
+        return x + F.linear(up, mlp.down_proj.weight, mlp.down_proj.bias)
 
     def _next_tokens(self, tokens: Tensor) -> Tensor:
         """tokens (batch, seqlen) appended to the cache; returns the greedy next token (batch,) int64."""
