@@ -85,7 +85,7 @@ def test_patched_matches_unpatched(build, dtype):
     if build is sd_unet:
         assert counts["resnet_block"] == 8 and counts["geglu"] == 4 and counts["group_norm_act"] == 1
     else:
-        assert counts["ada_norm_zero_block"] == 4 and counts["gelu"] == 4
+        assert counts["ada_norm_zero_block"] == 4 and counts["ada_layer_norm_zero"] == 4
     out, grads = forward_backward(model, cast(inputs, dtype), weight)
     assert torch.isfinite(out).all()
 

@@ -35,11 +35,12 @@ What the patch does (flags of `patch_diffusers`, all on by default):
   (a mask). Inputs no kernel takes (float64, head dim > 256, a boolean mask for AttnProcessor, the deprecated
   ``scale`` argument) run the original processor, which the flashfuse one keeps. Other processors (IP-adapter,
   added-KV, fused QKV, LoRA, ...) are left alone.
-- ``geglu``: feed-forward activations get a generic forward on the same ``proj`` Linear: ``GEGLU`` (diffusers'
-  proj output is [hidden; gate], ``hidden * gelu(gate)``) is one `flashfuse.linear(activation="geglu")` GEMM
-  with the weight split into row views (gate = rows dim_out:, up = rows :dim_out, no copies), ``SwiGLU`` the
-  same with "swiglu", and the non-gated ``GELU`` (DiT's "gelu-approximate") a GEMM with a fused (tanh-)GELU
-  epilogue.
+- ``geglu``: gated feed-forward activations get a generic forward on the same ``proj`` Linear: ``GEGLU``
+  (diffusers' proj output is [hidden; gate], ``hidden * gelu(gate)``) is the cuBLAS projection followed by one
+  fused `geglu` kernel reading the two halves in place, ``SwiGLU`` the same with `swiglu`. The non-gated
+  ``GELU`` (DiT's "gelu-approximate") keeps diffusers' forward: a Linear then one elementwise GELU is already
+  what a fused epilogue would save little on, and flashfuse's epilogue-fused Triton GEMM trails cuBLAS (see
+  ``flashfuse.nn.mlp``).
 - ``adaln``: ``AdaLayerNormZero`` (DiT, SD3, ...) gets a forward whose LayerNorm + modulation is one
   `ada_layer_norm(x, scale_msa, shift_msa)` kernel (its FP32LayerNorm variant too); ``BasicTransformerBlock``
   with ``norm_type="ada_norm_zero"`` a forward where the gated residuals (``h + gate_msa * attn``,
@@ -68,7 +69,7 @@ from torch import nn
 from ..nn.group_norm import GroupNormAct
 from ..nn.norm import LayerNorm
 from ..ops.group_norm import group_norm
-from ..ops.matmul import linear
+from ..nn.mlp import gated_activation
 from ..ops.modulation import ada_layer_norm_gate, ada_layer_norm_zero_forward, layer_norm_modulate
 from .diffusers_attention import FlashfuseAttnProcessor, _kernel_ok
 
@@ -152,20 +153,12 @@ def _resnet_block_check(module) -> str | None:
 
 
 def _geglu_forward(self, hidden_states, *args, **kwargs):
-    """GEGLU / SwiGLU: proj -> [hidden; gate] -> hidden * act(gate), as one gated GEMM on row views of proj."""
+    """GEGLU / SwiGLU: proj -> [hidden; gate] -> hidden * act(gate): the projection on cuBLAS, then one fused
+    gated-activation kernel on the two halves of its output (views, no copies)."""
     if args or kwargs.get("scale") is not None or not _kernel_ok(hidden_states):
         return type(self).forward(self, hidden_states, *args, **kwargs)
-    weight, bias = self.proj.weight, self.proj.bias
-    d = weight.shape[0] // 2
-    return linear(hidden_states, weight[d:], None if bias is None else bias[d:], activation=self._flashfuse_act,
-                  up_weight=weight[:d], up_bias=None if bias is None else bias[:d])
-
-
-def _gelu_forward(self, hidden_states):
-    """GELU (a Linear then a GELU): one GEMM with the activation in its epilogue."""
-    if not _kernel_ok(hidden_states):
-        return type(self).forward(self, hidden_states)
-    return linear(hidden_states, self.proj.weight, self.proj.bias, activation=self._flashfuse_act)
+    up, gate = self.proj(hidden_states).chunk(2, dim=-1)
+    return gated_activation(gate, up, self._flashfuse_act)
 
 
 def _proj_check(module) -> str | None:
@@ -174,14 +167,12 @@ def _proj_check(module) -> str | None:
     name = type(module).__name__
     if name == "SwiGLU" and type(module.activation) is not nn.SiLU:
         return f"activation {module.activation!r}"
-    if name == "GELU" and module.approximate not in ("none", "tanh"):
-        return f"approximate={module.approximate!r}"
     return None
 
 
 def _proj_activation(module) -> str:
-    return {"GEGLU": "geglu", "SwiGLU": "swiglu"}.get(
-        type(module).__name__, "gelu_tanh" if getattr(module, "approximate", "none") == "tanh" else "gelu")
+    """diffusers' GEGLU is the exact (erf) GELU; SwiGLU's activation is SiLU (checked by _proj_check)."""
+    return {"GEGLU": "geglu", "SwiGLU": "swiglu"}[type(module).__name__]
 
 
 def _ada_norm_zero_forward(self, x, timestep=None, class_labels=None, hidden_dtype=None, emb=None):
@@ -279,8 +270,6 @@ _FORWARDS = (
              lambda m: {"_flashfuse_act": _proj_activation(m)}),
     _Forward("geglu", "diffusers.models.activations", "SwiGLU", _geglu_forward, _proj_check, "geglu",
              lambda m: {"_flashfuse_act": _proj_activation(m)}),
-    _Forward("geglu", "diffusers.models.activations", "GELU", _gelu_forward, _proj_check, "gelu",
-             lambda m: {"_flashfuse_act": _proj_activation(m)}),
     _Forward("adaln", "diffusers.models.normalization", "AdaLayerNormZero", _ada_norm_zero_forward,
              _ada_norm_zero_check, "ada_layer_norm_zero"),
     _Forward("adaln", "diffusers.models.attention", "BasicTransformerBlock", _basic_block_forward,
@@ -311,7 +300,7 @@ def _class(module: str, name: str):
 # ----------------------------------------------------------------------------------------------------------
 
 _STATE = "_flashfuse_diffusers_patch"
-_COUNT_KEYS = ("group_norm_act", "group_norm", "layer_norm", "resnet_block", "attn_processor", "geglu", "gelu",
+_COUNT_KEYS = ("group_norm_act", "group_norm", "layer_norm", "resnet_block", "attn_processor", "geglu",
                "ada_layer_norm_zero", "ada_norm_zero_block")
 
 
@@ -470,7 +459,7 @@ def patch_diffusers(model: nn.Module, *, norms: bool = True, attention: bool = T
             activation pairs fused; other GroupNorm / LayerNorm modules swapped for flashfuse ones (same
             Parameter objects, same state dict).
         attention: ``AttnProcessor2_0`` / ``AttnProcessor`` -> `FlashfuseAttnProcessor`.
-        geglu: GEGLU / SwiGLU / GELU feed-forward projections as one GEMM with a fused (gated) activation.
+        geglu: GEGLU / SwiGLU feed-forwards: the projection, then one fused gated-activation kernel.
         adaln: AdaLayerNormZero and adaLN-Zero BasicTransformerBlocks with fused modulation and gated residuals.
 
     `patch_summary(model)` says how many modules of each kind were patched. Patching a patched model first
@@ -515,7 +504,7 @@ def unpatch_diffusers(model: nn.Module) -> nn.Module:
 def patch_summary(model: nn.Module) -> dict:
     """How many modules `patch_diffusers` patched, by kind (all zeros for a model that is not patched):
     group_norm_act (GroupNorm + activation pairs), group_norm, layer_norm (swapped modules), resnet_block,
-    geglu (GEGLU / SwiGLU), gelu, ada_layer_norm_zero, ada_norm_zero_block (generic forwards), attn_processor."""
+    geglu (GEGLU / SwiGLU), ada_layer_norm_zero, ada_norm_zero_block (generic forwards), attn_processor."""
     state = model.__dict__.get(_STATE)
     return dict(state.counts) if state is not None else dict.fromkeys(_COUNT_KEYS, 0)
 
