@@ -1,5 +1,8 @@
 """Small pieces every Triton kernel file shares."""
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
@@ -34,6 +37,17 @@ def tanh(x):
         return tl.where(x < 0, -t, t)
     else:
         return libdevice.tanh(x)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (the current one when it has no index), cached: launch
+    plans size their grids with it."""
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
 # Host-side integer helpers. triton.cdiv and triton.next_power_of_2 are constexpr functions since triton 3.x:

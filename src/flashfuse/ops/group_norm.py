@@ -29,14 +29,13 @@ from torch import Tensor
 
 from .._checks import check_same, check_tensor
 from ._custom_op import FlashfuseOp
-from ._triton import cdiv, next_power_of_2
+from ._triton import cdiv, next_power_of_2, sm_count
 from .group_norm_details._kernels import (
     _group_norm_bwd_kernel,
     _group_norm_bwd_sums_kernel,
     _group_norm_fwd_kernel,
     _group_norm_fwd_stats_kernel,
 )
-from .norm import _sm_count
 
 ACTIVATIONS = {"none": 0, "silu": 1, "mish": 2, "gelu": 3}      # codes of group_norm_details/_kernels.py
 MODE_ONE_TILE, MODE_LOOP, MODE_SPLIT = 0, 1, 2
@@ -75,7 +74,7 @@ class _Plan(NamedTuple):
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return INTERPRETER_SMS
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return sm_count(device)
 
 
 def _plan(n: int, groups: int, cpg: int, hw: int, channels_contiguous: bool, one_tile: int, per_warp: int,

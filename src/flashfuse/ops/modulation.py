@@ -29,7 +29,7 @@ from torch import Tensor
 
 from .._checks import check_same, check_tensor, last_dim_contiguous
 from ._custom_op import FlashfuseOp
-from ._triton import cdiv, next_power_of_2
+from ._triton import cdiv, next_power_of_2, sm_count
 
 # Largest column block one program holds in registers (the forward keeps x in fp32 and loads scale /
 # shift next to it; the backward keeps x, dy, 1 + scale and the two fp32 accumulators), as in
@@ -285,18 +285,12 @@ def _row_config(n_rows: int, n_cols: int, max_block_n: int) -> tuple[int, int, i
     return block_m, block_n, num_warps
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _token_chunks(device: torch.device, n_batch: int, seqlen: int, block_m: int, num_warps: int,
                   n_col_blocks: int = 1) -> tuple[int, int]:
     """(n_chunks, rows_per_program): split each sample's tokens so the backward grid fills the GPU; a
     multiple of BLOCK_M tokens per program."""
     if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        target = _sm_count(index) * max(1, BWD_WARPS_PER_SM // num_warps)
+        target = sm_count(device) * max(1, BWD_WARPS_PER_SM // num_warps)
     else:
         target = INTERPRETER_BWD_PROGRAMS
     n_chunks = min(cdiv(seqlen, block_m), max(1, target // max(1, n_batch * n_col_blocks)))

@@ -12,7 +12,6 @@ Layers: kernels -> launchers (``rms_norm_forward`` ...) -> torch.library ops ``f
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Optional
 
@@ -21,7 +20,7 @@ from torch import Tensor
 
 from .._checks import check_same, check_tensor, last_dim_contiguous
 from ._custom_op import FlashfuseOp
-from ._triton import cdiv, next_power_of_2
+from ._triton import cdiv, next_power_of_2, sm_count
 from .norm_details._kernels import _norm_bwd_kernel, _norm_bwd_row_sums_kernel, _norm_fwd_kernel
 
 CASTING_MODES = ("llama", "gemma")
@@ -69,15 +68,10 @@ def _launch_config(n_rows: int, n_cols: int, max_block_n: int, per_warp: int, ma
     return block_m, block_n, num_warps
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _bwd_programs(device: torch.device, num_warps: int) -> int:
     if device.type != "cuda":
         return INTERPRETER_BWD_PROGRAMS
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device()) * max(
+    return sm_count(device) * max(
         1, BWD_WARPS_PER_SM // num_warps)
 
 

@@ -33,7 +33,6 @@ Inference only: no backward (flash-attn's flash_attn_with_kvcache has none eithe
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -41,7 +40,7 @@ import triton
 import triton.language as tl
 
 from ..._env import INTERPRET
-from .._triton import cdiv, dot, next_power_of_2
+from .._triton import cdiv, dot, next_power_of_2, sm_count
 from ._flash_common import LOG2E, key_block_phases, score_mod
 
 # ----------------------------------------------------------------------------------------------------
@@ -295,11 +294,6 @@ MAX_SPLITS = 128      # flash-attn's cap: past it the combine reads more than th
 PROGRAMS_PER_SM = 2   # resident decode programs per SM that the split count aims for (num_splits_heuristic)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def num_splits_heuristic(device: torch.device, batch: int, nheads_k: int, row_tiles: int,
                          max_seqlen_k: int, block_n: int) -> int:
     """Enough programs to fill PROGRAMS_PER_SM waves' worth of slots. With ``ctas = batch * nheads_k *
@@ -311,8 +305,7 @@ def num_splits_heuristic(device: torch.device, batch: int, nheads_k: int, row_ti
     enough K/V bytes in flight: measured on an H200 (32q/8kv heads, hd 128, bf16), one program per SM
     streamed a long cache at 52-59% of copy bandwidth (batch 1-16) while the grids of batch >= 64, 2-4
     programs per SM, reached 87-91%."""
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 8   # the interpreter: any small number exercises the split path
+    sms = sm_count(device) if device.type == "cuda" else 8   # the interpreter: any small number exercises the split path
     slots = PROGRAMS_PER_SM * sms
     ctas = batch * nheads_k * row_tiles
     n_blocks = cdiv(max(max_seqlen_k, 1), block_n)

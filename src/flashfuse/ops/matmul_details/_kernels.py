@@ -14,14 +14,13 @@ Activations are small integers (``ACTIVATIONS``): triton 3.6 cannot compile stri
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from ..._env import INTERPRET
-from .._triton import cdiv, dot, next_power_of_2, tanh
+from .._triton import cdiv, dot, next_power_of_2, sm_count, tanh
 
 ACTIVATIONS = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "relu": 4}
 # Gated names -> the activation applied to the gate half.
@@ -417,11 +416,6 @@ FLATTEN = True
 # ----------------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _scratch(size: int, alignment: int, stream):
     """Global scratch for device-side TMA descriptors (128 bytes per descriptor per program)."""
     return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
@@ -469,7 +463,7 @@ def _launch(x, w, wu, bias, bias_up, out, pre, pre_up, dpre, dpre_up, *, activat
 
     def grid(meta):
         tiles = cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])
-        return (tiles if INTERPRET else min(tiles, _num_sms(x.device.index or 0)),)
+        return (tiles if INTERPRET else min(tiles, sm_count(x.device)),)
 
     if config is None and INTERPRET:
         config = INTERPRETER_CONFIG
