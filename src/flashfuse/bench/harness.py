@@ -184,6 +184,19 @@ class Suite:
 # Counters
 # ----------------------------------------------------------------------------------------------------
 
+def allow_recompiles(limit: int = 64) -> None:
+    """Let one torch.compile'd callable serve every shape of a sweep (dynamic=False: one graph per shape).
+    Dynamo's default of 8 graphs per code object would silently fall back to eager after the eighth shape.
+    Also turns off donated buffers: the harness replays one compiled backward graph (retain_graph=True),
+    which a backward that donates its saved buffers refuses (seen with torch 2.11)."""
+    import torch._dynamo
+    import torch._functorch.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
+    torch._functorch.config.donated_buffer = False
+
+
 def attention_flops(batch, nheads, seqlen_q, seqlen_k, headdim, causal=False, mode="fwd") -> float:
     """flash-attn's convention: forward 4*B*H*Sq*Sk*D (two matmuls), x0.5 causal, backward 2.5x forward."""
     fwd = 4.0 * batch * nheads * seqlen_q * seqlen_k * headdim * (0.5 if causal else 1.0)

@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from ..harness import Case, Provider, Skip, Suite, dtype_name
+from ..harness import Case, Provider, Skip, Suite, allow_recompiles, dtype_name
 from ..plots import Plot
 
 
@@ -66,14 +66,7 @@ def _factory(which: str):
             fn = op.eager
         elif which == "compile":
             if op.eager not in _COMPILED:
-                import torch._dynamo
-                import torch._functorch.config
-                torch._functorch.config.donated_buffer = False    # the harness replays one backward graph
-                # One compiled function per op serves every shape, layout, dtype and mode of the table (one
-                # graph each, dynamic=False): dynamo's default of 8 would silently fall back to eager.
-                for name in ("recompile_limit", "cache_size_limit"):
-                    if hasattr(torch._dynamo.config, name):
-                        setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
+                allow_recompiles()   # one compiled function per op serves every case of the table
                 _COMPILED[op.eager] = torch.compile(op.eager, dynamic=False)
             fn = _COMPILED[op.eager]
         else:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ..harness import Call, Case, Provider, Skip, Suite, attention_bytes, attention_flops, dtype_name
+from ..harness import (Call, Case, Provider, Skip, Suite, allow_recompiles, attention_bytes, attention_flops,
+                       dtype_name)
 from ..plots import Plot
 
 # (a) flash-attn's benchmark convention (benchmarks/benchmark_flash_attention.py there).
@@ -105,17 +106,9 @@ def _flex(static: bool):
     benchmark does, for comparison. Compilation happens in untimed calls, never under do_bench.
     """
     def factory(case: Case, q, k, v):
-        import torch._dynamo
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        cfg = torch._dynamo.config
-        for name in ("recompile_limit", "cache_size_limit"):   # 8 entries are too few for a sweep
-            if hasattr(cfg, name):
-                setattr(cfg, name, max(getattr(cfg, name), 64))
-        # The harness times the backward again and again on one graph (retain_graph=True); a compiled
-        # backward that donates its saved buffers refuses that (seen with torch 2.11).
-        import torch._functorch.config
-        torch._functorch.config.donated_buffer = False
+        allow_recompiles()
         p = case.params
         key = (p["D"], p["causal"], case.dtype, static)
         if key not in _FLEX:

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from ..harness import Call, Case, Provider, Suite, dtype_name
+from ..harness import Call, Case, Provider, Suite, allow_recompiles, dtype_name
 from ..plots import Plot
 from .models import LLAMA_1B
 
@@ -110,6 +110,7 @@ def _flex(case: Case, q, k_cache, v_cache):
     """The block mask (every key visible) is built here, once: without one, flex_attention builds a default
     mask on every call, with a host-to-device copy that CUDA-graph capture refuses."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    allow_recompiles()      # one graph per (batch, cache) shape: more than dynamo's default of 8
     key = case.dtype
     if key not in _FLEX:
         _FLEX[key] = torch.compile(flex_attention, dynamic=False)

@@ -219,8 +219,14 @@ class Models(Suite):
 
     def tolerance(self, case):
         """Diffusion rows compare half-precision models with the fp32 one through many layers (and steps):
-        bf16's bound, 3e-2. The LLM rows keep the dtype's own."""
-        return 3e-2 if case.params["model"] in DIFFUSION else super().tolerance(case)
+        bf16's bound, 3e-2. The LLM rows keep the dtype's own, except bf16 prefill logits (below)."""
+        if case.params["model"] in DIFFUSION:
+            return 3e-2
+        if case.params["mode"] == "prefill" and case.dtype == torch.bfloat16:
+            # Logits of 16 bf16 layers vs the fp32 model: HF's own bf16 model is 3.3% off at B8 x S2048 (H200,
+            # session 4), past the per-op bf16 bound of 3e-2; the check asks for no worse than that rounding.
+            return 5e-2
+        return super().tolerance(case)
 
     def reference(self, case, *inputs):
         """The fp32 model from the same seed: the first step's loss, the prefill logits, the loop's latents
