@@ -102,7 +102,7 @@ def test_aligned_shapes_take_tma_path(device, monkeypatch):
     assert seen == [(True, True), (True, True), (False, True)]
 
 
-@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "silu", "swiglu", "geglu_tanh"])
 def test_fp16(device, activation):
     M, K, N = 37, 45, 58
     x, w = torch.randn(M, K, device=device), torch.randn(N, K, device=device) / K ** 0.5

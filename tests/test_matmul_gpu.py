@@ -116,3 +116,69 @@ def test_torch_compile_matches_eager():
     grads_c = torch.autograd.grad(outs_c, (x, wd, w1), gs)
     for g, g_c in zip(grads, grads_c):
         assert rel_err(g_c, g) < 1e-2
+
+
+def _configs(gated, backward):
+    from flashfuse.ops.matmul_details import _kernels
+    return [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+            for c in _kernels.configs_for(torch.bfloat16, gated, backward)]
+
+
+def _name(c):
+    return f"{c['BLOCK_M']}x{c['BLOCK_N']}w{c['num_warps']}s{c['num_stages']}{'ws' if c['WARP_SPECIALIZE'] else ''}"
+
+
+@pytest.mark.parametrize("config", _configs(False, False), ids=_name)
+@pytest.mark.parametrize("activation", [2, 1])  # gelu_tanh (SFU tanh), gelu (erf); save_pre on
+def test_every_forward_config(config, activation, monkeypatch):
+    """The autotuner keeps one config per shape: run each one (warp-specialized ones too) explicitly, on
+    edge tiles (M, N not multiples of any block), outputs poisoned with NaN first."""
+    from flashfuse.ops.matmul_details import _kernels
+    real_empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    monkeypatch.setattr(_kernels.torch, "empty", nan_empty)
+    M, K, N = 1000, 1024, 2000
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(N, K, device="cuda") / 32).to(torch.bfloat16)
+    b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    out, pre = _kernels.linear_forward(x, w, b, activation=activation, save_pre=True, config=config)
+    z = x.double() @ w.double().t() + b.double()
+    ref_out = ref.linear(x.double(), w.double(), b.double(), "gelu_tanh" if activation == 2 else "gelu")
+    assert rel_err(pre, z) < TOL[torch.bfloat16]
+    assert rel_err(out, ref_out) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("config", _configs(True, False), ids=_name)
+def test_every_gated_config(config):
+    from flashfuse.ops.matmul_details import _kernels
+    M, K, N = 1000, 1024, 1000
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    wg, wu = (torch.randn(2, N, K, device="cuda") / 32).to(torch.bfloat16)
+    out, pre = _kernels.linear_forward(x, wg, None, activation=3, up_weight=wu, save_pre=True, config=config)
+    g, u = x.double() @ wg.double().t(), x.double() @ wu.double().t()
+    assert rel_err(pre, torch.cat([g, u], 1)) < TOL[torch.bfloat16]
+    assert rel_err(out, torch.nn.functional.silu(g) * u) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("config", _configs(False, True), ids=_name)
+@pytest.mark.parametrize("gated", [False, True])
+def test_every_backward_config(config, gated):
+    """dA = dY W2^T, then (dz [| du], h) at the saved pre-activations, per config."""
+    from flashfuse.ops.matmul_details import _kernels
+    M, K2, N = 1000, 1024, 1000
+    dy = torch.randn(M, K2, device="cuda", dtype=torch.bfloat16)
+    w2 = (torch.randn(K2, N, device="cuda") / 32).to(torch.bfloat16)
+    pre = torch.randn(M, 2 * N if gated else N, device="cuda", dtype=torch.bfloat16)
+    dpre, h = _kernels.matmul_act_grad(dy, w2.t(), pre, activation=2, gated=gated, config=config)
+    z = pre[:, :N].double().requires_grad_()
+    u = pre[:, N:].double().requires_grad_() if gated else None
+    a = torch.nn.functional.gelu(z, approximate="tanh")
+    h_ref = a * u if gated else a
+    h_ref.backward(dy.double() @ w2.double())
+    assert rel_err(h, h_ref) < TOL[torch.bfloat16]
+    assert rel_err(dpre[:, :N], z.grad) < GRAD_TOL[torch.bfloat16]
+    if gated:
+        assert rel_err(dpre[:, N:], u.grad) < GRAD_TOL[torch.bfloat16]

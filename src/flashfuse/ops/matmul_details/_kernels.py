@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ..._env import INTERPRET
-from .._triton import cdiv, dot, next_power_of_2, sm_count, tanh
+from .._triton import IN_INTERPRETER, cdiv, dot, next_power_of_2, sm_count, tanh
 
 ACTIVATIONS = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "relu": 4}
 # Gated names -> the activation applied to the gate half.
@@ -36,19 +36,38 @@ GATED_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh
 #   silu       a = z s,  s = sigmoid(z)                          a' = s (1 + z (1 - s))
 #   relu       a = max(z, 0)                                     a' = [z > 0]
 
+# FAST (16-bit outputs on the GPU): tanh through the SFU's tanh.approx.f32 (one MUFU instruction, max
+# relative error 2^-11, below bf16's 2^-8 / fp16's 2^-11 rounding of the result) instead of libdevice's
+# ~20-instruction tanh; silu as z/2 (1 + tanh(z/2)) (= z sigmoid(z)) with the same instruction, one MUFU
+# instead of an exp and a division. fp32 outputs keep the accurate forms (2 ulp). gelu (erf) has no
+# cheaper exact form and is left as is.
+#   gelu_tanh in FAST form: y = z (c + c 0.044715 z^2),  a = h + h t,  h = z/2: 4 FMAs + 1 MUFU.
+
 @triton.jit
-def _activate_and_grad(z, ACTIVATION: tl.constexpr):
+def _tanh(x, FAST: tl.constexpr):
+    if IN_INTERPRETER or not FAST:
+        return tanh(x)
+    else:
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def _activate_and_grad(z, ACTIVATION: tl.constexpr, FAST: tl.constexpr):
     """(act(z), act'(z)) for z: fp32 block."""
     if ACTIVATION == 1:
         cdf = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476))
         pdf = tl.exp(-0.5 * z * z) * 0.3989422804014327
         return z * cdf, cdf + z * pdf
     elif ACTIVATION == 2:
-        t = tanh(0.7978845608028654 * (z + 0.044715 * z * z * z))
+        t = _tanh(z * (0.7978845608028654 + 0.0356774081363001 * z * z), FAST)
         da = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * z * z)
         return 0.5 * z * (1.0 + t), da
     elif ACTIVATION == 3:
-        s = tl.sigmoid(z)
+        if FAST:
+            s = 0.5 + 0.5 * _tanh(0.5 * z, FAST)
+        else:
+            s = tl.sigmoid(z)
         return z * s, s * (1.0 + z * (1.0 - s))
     elif ACTIVATION == 4:
         return tl.maximum(z, 0.0), tl.where(z > 0.0, 1.0, 0.0)
@@ -57,14 +76,19 @@ def _activate_and_grad(z, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
-def _activate(z, ACTIVATION: tl.constexpr):
+def _activate(z, ACTIVATION: tl.constexpr, FAST: tl.constexpr):
     """act(z) alone (the forward epilogue needs no derivative)."""
     if ACTIVATION == 1:
         return 0.5 * z * (1.0 + tl.erf(z * 0.7071067811865476))
     elif ACTIVATION == 2:
-        return 0.5 * z * (1.0 + tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)))
+        h = 0.5 * z
+        return h + h * _tanh(z * (0.7978845608028654 + 0.0356774081363001 * z * z), FAST)
     elif ACTIVATION == 3:
-        return z * tl.sigmoid(z)
+        if FAST:
+            h = 0.5 * z
+            return h + h * _tanh(h, FAST)
+        else:
+            return z * tl.sigmoid(z)
     elif ACTIVATION == 4:
         return tl.maximum(z, 0.0)
     else:
@@ -72,11 +96,11 @@ def _activate(z, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
-def _act_vjp(da, z, u, ACTIVATION: tl.constexpr, GATED: tl.constexpr):
+def _act_vjp(da, z, u, ACTIVATION: tl.constexpr, GATED: tl.constexpr, FAST: tl.constexpr):
     """VJP of h = act(z) [* u]: returns (h, dz, du); du is only meaningful when GATED.
     Plain:  h = act(z)        dz = da * act'(z)
     Gated:  h = act(z) * u    dz = da * u * act'(z),   du = da * act(z)"""
-    a, da_dz = _activate_and_grad(z, ACTIVATION)
+    a, da_dz = _activate_and_grad(z, ACTIVATION, FAST)
     if GATED:
         return a * u, da * u * da_dz, da * a
     else:
@@ -109,7 +133,7 @@ def _epilogue(acc, acc_up, row0, col0, M, N, bias_ptr, bias_up_ptr,
               out_desc, pre_desc, pre_up_desc, dpre_desc, dpre_up_desc,
               stride_out_m, stride_pre_m, stride_dpre_m,
               ACTIVATION: tl.constexpr, GATED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_BIAS_UP: tl.constexpr,
-              SAVE_PRE: tl.constexpr, BACKWARD: tl.constexpr, USE_TMA_OUT: tl.constexpr,
+              SAVE_PRE: tl.constexpr, BACKWARD: tl.constexpr, USE_TMA_OUT: tl.constexpr, FAST: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Epilogue of one [BLOCK_M, BLOCK_N] (sub)tile of fp32 accumulators at rows row0.., columns col0..
     Stores go through TMA descriptors (USE_TMA_OUT) or masked pointer stores. Addresses of the pointer
@@ -136,7 +160,7 @@ def _epilogue(acc, acc_up, row0, col0, M, N, bias_ptr, bias_up_ptr,
                 b_u = pre_up_desc.load([row0, col0]).to(tl.float32)
             else:
                 b_u = tl.load(pre_up_ptr + o_pre + t_pre, mask=m_out, other=0.0).to(tl.float32)
-        b_h, b_dz, b_du = _act_vjp(acc, b_z, b_u, ACTIVATION, GATED)
+        b_h, b_dz, b_du = _act_vjp(acc, b_z, b_u, ACTIVATION, GATED, FAST)
         if USE_TMA_OUT:
             dpre_desc.store([row0, col0], b_dz.to(dtype))
             if GATED:
@@ -160,7 +184,7 @@ def _epilogue(acc, acc_up, row0, col0, M, N, bias_ptr, bias_up_ptr,
                 tl.store(pre_ptr + o_pre + t_pre, acc.to(dtype), mask=m_out)
                 if GATED:
                     tl.store(pre_up_ptr + o_pre + t_pre, acc_up.to(dtype), mask=m_out)
-        b_h = _activate(acc, ACTIVATION)
+        b_h = _activate(acc, ACTIVATION, FAST)
         if GATED:
             b_h = b_h * acc_up
     if USE_TMA_OUT:
@@ -179,8 +203,8 @@ def _linear_kernel(
     stride_out_m, stride_pre_m, stride_dpre_m,          # pre and pre_up share a row stride, as dpre/dpre_up
     ACTIVATION: tl.constexpr, GATED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_BIAS_UP: tl.constexpr,
     SAVE_PRE: tl.constexpr, BACKWARD: tl.constexpr, USE_TMA: tl.constexpr, W_K_CONTIGUOUS: tl.constexpr,
-    USE_TMA_OUT: tl.constexpr, FLATTEN: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    USE_TMA_OUT: tl.constexpr, FAST: tl.constexpr, FLATTEN: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -225,7 +249,12 @@ def _linear_kernel(
                 dpre_up_desc = tl.make_tensor_descriptor(dpre_up_ptr, shape=[M, N], strides=[stride_dpre_m, 1],
                                                          block_shape=[BLOCK_M, EPI_N])
 
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
+    # Warp specialization (Hopper, triton >= 3.5): one producer warpgroup issues the TMA loads, num_warps
+    # / 4 * 2 consumer warpgroups split the tile's rows for wgmma and the epilogue. The pass needs the
+    # nested (not flattened) tile loop.
+    FLAT: tl.constexpr = FLATTEN and not WARP_SPECIALIZE
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLAT,
+                            warp_specialize=WARP_SPECIALIZE):
         # grouped ordering: consecutive tiles walk down GROUP_M row blocks before moving right
         group_id = tile_id // num_pid_in_group
         first_m = group_id * GROUP_M
@@ -286,18 +315,18 @@ def _linear_kernel(
                       out_ptr, pre_ptr, pre_up_ptr, dpre_ptr, dpre_up_ptr,
                       out_desc, pre_desc, pre_up_desc, dpre_desc, dpre_up_desc,
                       stride_out_m, stride_pre_m, stride_dpre_m, ACTIVATION, GATED, HAS_BIAS, HAS_BIAS_UP,
-                      SAVE_PRE, BACKWARD, USE_TMA_OUT, BLOCK_M, EPI_N)
+                      SAVE_PRE, BACKWARD, USE_TMA_OUT, FAST, BLOCK_M, EPI_N)
             _epilogue(acc_1, up_1, i_m * BLOCK_M, i_n * BLOCK_N + EPI_N, M, N, bias_ptr, bias_up_ptr,
                       out_ptr, pre_ptr, pre_up_ptr, dpre_ptr, dpre_up_ptr,
                       out_desc, pre_desc, pre_up_desc, dpre_desc, dpre_up_desc,
                       stride_out_m, stride_pre_m, stride_dpre_m, ACTIVATION, GATED, HAS_BIAS, HAS_BIAS_UP,
-                      SAVE_PRE, BACKWARD, USE_TMA_OUT, BLOCK_M, EPI_N)
+                      SAVE_PRE, BACKWARD, USE_TMA_OUT, FAST, BLOCK_M, EPI_N)
         else:
             _epilogue(acc, acc_up, i_m * BLOCK_M, i_n * BLOCK_N, M, N, bias_ptr, bias_up_ptr,
                       out_ptr, pre_ptr, pre_up_ptr, dpre_ptr, dpre_up_ptr,
                       out_desc, pre_desc, pre_up_desc, dpre_desc, dpre_up_desc,
                       stride_out_m, stride_pre_m, stride_dpre_m, ACTIVATION, GATED, HAS_BIAS, HAS_BIAS_UP,
-                      SAVE_PRE, BACKWARD, USE_TMA_OUT, BLOCK_M, EPI_N)
+                      SAVE_PRE, BACKWARD, USE_TMA_OUT, FAST, BLOCK_M, EPI_N)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -308,7 +337,8 @@ def _linear_kernel(
 def _act_grad_kernel(
     dy_ptr, pre_ptr, pre_up_ptr, dpre_ptr, dpre_up_ptr,   # dy, z, u (M, N) in; dz, du (M, N) out
     M, N, stride_dy_m, stride_pre_m, stride_dpre_m,
-    ACTIVATION: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ACTIVATION: tl.constexpr, GATED: tl.constexpr, FAST: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     i_m, i_n = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)                                      # [BLOCK_M]
@@ -320,7 +350,7 @@ def _act_grad_kernel(
     b_u = b_z
     if GATED:
         b_u = tl.load(pre_up_ptr + o_pre, mask=mask, other=0.0).to(tl.float32)
-    _, b_dz, b_du = _act_vjp(b_dy, b_z, b_u, ACTIVATION, GATED)
+    _, b_dz, b_du = _act_vjp(b_dy, b_z, b_u, ACTIVATION, GATED, FAST)
     o_dpre = o_m[:, None] * stride_dpre_m + o_n[None, :]
     tl.store(dpre_ptr + o_dpre, b_dz.to(dpre_ptr.dtype.element_ty), mask=mask)
     if GATED:
@@ -334,17 +364,31 @@ def _act_grad_kernel(
 # and one (two when gated) W tile; stages * stage bytes must leave room for the epilogue's layout
 # conversion. Every config below was compiled offline for sm_90 with triton 3.6 (.gpu/cc_matmul.py): on
 # the TMA path no spills and at most 181 KB of shared memory; the pointer fallback (rows not 16-byte
-# aligned) spills a little in two variants (bf16 gated backward 248 B, fp32 forward <= 76 B). BLOCK_K = 64 bf16 = 128 bytes, TMA's widest swizzle.
-# GROUP_M = 8 (tutorial 03): 8 row blocks reuse each W column block from L2.
+# aligned) spills a little in two variants (bf16 gated backward 248 B, fp32 forward <= 76 B). BLOCK_K = 64
+# bf16 = 128 bytes, TMA's widest swizzle. GROUP_M = 8 (tutorial 03): 8 row blocks reuse each W column
+# block from L2.
+#
+# Warp-specialized configs (ws=True, num_warps=4): triton 3.6's Hopper pass turns the tile loop into one
+# producer warpgroup (TMA loads, few registers) and two 4-warp consumer warpgroups (64 rows of the tile
+# each: wgmma + epilogue, registers raised by setmaxnreg), 12 warps in all. The producer keeps loading the
+# next tile while the consumers run the epilogue, and the consumers never issue loads, which the
+# single-partition kernel does between its wgmmas. ptxas (triton 3.6, sm_90a): no spills for the plain
+# forward (464 B with erf-gelu + save_pre at 128 x 256), the gated forward at 128 x 64 and 128 x 128 / 3
+# stages without save_pre (with save_pre + biases 128 x 128 exceeds 227 KB of shared memory: the
+# autotuner drops it as out of resources), the backward at 128 x 64 (gated 316 B). The epilogue split
+# (reshape/permute/split) does not survive the pass, so WS configs store whole tiles (TMA stores are
+# asynchronous: they overlap the next tile's loads anyway).
 
 
-def _config(block_m, block_n, block_k, warps, stages, split=True):
+def _config(block_m, block_n, block_k, warps, stages, split=True, ws=False):
     return triton.Config(dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8,
-                              EPILOGUE_SPLIT=split),
+                              EPILOGUE_SPLIT=split and not ws, WARP_SPECIALIZE=ws),
                          num_warps=warps, num_stages=stages)
 
 
 CONFIGS_16BIT = [
+    _config(128, 256, 64, 4, 3, ws=True),  # 3 x 48 KB operands + 64 KB output tile = 208 KB
+    _config(128, 128, 64, 4, 4, ws=True),  # 4 x 32 KB + 32 KB
     _config(128, 256, 64, 8, 3),   # 2 warpgroups x 64x256 wgmma: the largest tile that fits 3 stages (144 KB)
     _config(128, 128, 64, 8, 4),   # 4 stages x 32 KB
     _config(128, 128, 64, 4, 4),
@@ -352,11 +396,14 @@ CONFIGS_16BIT = [
     _config(64, 128, 64, 4, 4),
 ]
 CONFIGS_16BIT_GATED = [            # two W tiles and two accumulators per program
+    _config(128, 128, 64, 4, 3, ws=True),  # 3 x 48 KB + 2 x 32 KB outputs (the 4-stage one needs 225 KB)
+    _config(128, 64, 64, 4, 4, ws=True),
     _config(128, 128, 64, 8, 3),   # 3 x (16 + 2 x 16) KB = 144 KB; 2 x 64 fp32 accumulator registers per thread
     _config(128, 64, 64, 4, 4),
     _config(64, 128, 64, 4, 4),
 ]
 CONFIGS_16BIT_BACKWARD = [        # the epilogue holds z, u, h, dz, du beside the accumulator: smaller tiles
+    _config(128, 64, 64, 4, 4, ws=True),
     _config(128, 128, 64, 8, 4),   # (128 x 256 spills here: 2 x 64 fp32 temporaries per thread too many)
     _config(128, 128, 64, 8, 3),
     _config(128, 64, 64, 4, 4),    # 4 x 24 KB of operands + the TMA-loaded z / u tiles
@@ -377,7 +424,8 @@ CONFIGS_POINTER_FP32 = [_config(128, 128, 32, 8, 3)]
 CONFIGS_POINTER_FP32_SMALL = [_config(64, 64, 32, 8, 3)]
 # The interpreter runs one deterministic small config: 32 rows/cols keep numpy fast and still give
 # several tiles and K steps on the tests' odd shapes.
-INTERPRETER_CONFIG = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, EPILOGUE_SPLIT=True, num_warps=4,
+INTERPRETER_CONFIG = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, EPILOGUE_SPLIT=True,
+                          WARP_SPECIALIZE=False, num_warps=4,
                           num_stages=1)
 
 
@@ -421,6 +469,15 @@ def _scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
+# The SFU forms of tanh / silu (see _tanh) for 16-bit results; a knob for benchmarks/tune_matmul.py.
+FAST_MATH = True
+
+
+def _fast(out) -> bool:
+    """The activations' SFU forms are accurate enough for 16-bit results only."""
+    return FAST_MATH and out.dtype in (torch.float16, torch.bfloat16)
+
+
 def _tma_ok(*tensors) -> bool:
     """TMA needs 16-byte aligned base addresses and row strides and a unit last stride."""
     for t in tensors:
@@ -458,7 +515,7 @@ def _launch(x, w, wu, bias, bias_up, out, pre, pre_up, dpre, dpre_up, *, activat
             out.stride(0), pre.stride(0) if pre is not None else 0, dpre.stride(0) if dpre is not None else 0)
     flags = dict(ACTIVATION=activation, GATED=gated, HAS_BIAS=bias is not None,
                  HAS_BIAS_UP=bias_up is not None, SAVE_PRE=save_pre, BACKWARD=backward, USE_TMA=use_tma,
-                 W_K_CONTIGUOUS=w_k_contiguous, USE_TMA_OUT=use_tma_out,
+                 W_K_CONTIGUOUS=w_k_contiguous, USE_TMA_OUT=use_tma_out, FAST=_fast(out),
                  FLATTEN=FLATTEN and use_tma and not INTERPRET)  # flattened pointer loops spill (compile check)
 
     def grid(meta):
@@ -528,6 +585,6 @@ def act_grad(dy, pre, *, activation: int, gated: bool):
     grid = (cdiv(M, block_m), cdiv(N, block_n))
     _act_grad_kernel[grid](dy, z, u if u is not None else z, dz, du if du is not None else dz,
                            M, N, dy.stride(0), z.stride(0), dz.stride(0),
-                           ACTIVATION=activation, GATED=gated, BLOCK_M=block_m, BLOCK_N=block_n,
+                           ACTIVATION=activation, GATED=gated, FAST=_fast(dz), BLOCK_M=block_m, BLOCK_N=block_n,
                            num_warps=8)
     return dpre
