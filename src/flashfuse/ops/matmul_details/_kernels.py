@@ -204,7 +204,8 @@ def _linear_kernel(
     ACTIVATION: tl.constexpr, GATED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_BIAS_UP: tl.constexpr,
     SAVE_PRE: tl.constexpr, BACKWARD: tl.constexpr, USE_TMA: tl.constexpr, W_K_CONTIGUOUS: tl.constexpr,
     USE_TMA_OUT: tl.constexpr, FAST: tl.constexpr, FLATTEN: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
