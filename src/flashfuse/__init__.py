@@ -26,6 +26,7 @@ from .ops.modulation import ada_layer_norm, ada_layer_norm_gate  # noqa: E402
 from .ops.norm import layer_norm, rms_norm  # noqa: E402
 from .ops.rope import apply_rotary_emb, apply_rotary_pos_emb  # noqa: E402
 from .ops.scheduler import FusedScheduler  # noqa: E402
+from .cuda_graph import CUDAGraphed, cuda_graph  # noqa: E402
 from .integrations import (  # noqa: E402  (imports neither transformers nor diffusers)
     patch_diffusers,
     patch_transformers,
@@ -36,12 +37,14 @@ from .integrations import (  # noqa: E402  (imports neither transformers nor dif
 )
 
 __all__ = [
+    "CUDAGraphed",
     "FusedScheduler",
     "ada_layer_norm",
     "ada_layer_norm_gate",
     "apply_rotary_emb",
     "apply_rotary_pos_emb",
     "cross_entropy",
+    "cuda_graph",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",

@@ -68,5 +68,33 @@ def euler_loop(unet, latents, text, steps: int, fused: bool):
     return x
 
 
+def graphed_euler_loop(unet, text, steps: int, device):
+    """flashfuse's loop with each denoising step (CFG batch, UNet, guidance, FusedScheduler step) replayed as
+    one CUDA graph; the step counter lives on the device and is bumped between replays. Returns loop(latents)."""
+    from diffusers import EulerDiscreteScheduler
+
+    from flashfuse.cuda_graph import cuda_graph
+    from flashfuse.ops.scheduler import FusedScheduler
+    scheduler = EulerDiscreteScheduler(**EULER)
+    scheduler.set_timesteps(steps, device=device)
+    fs = FusedScheduler(scheduler)
+
+    def step(x, i):
+        eps = unet(fs.scale_model_input(torch.cat([x, x]), i), fs.timestep(i), encoder_hidden_states=text).sample
+        uncond, cond = eps.chunk(2)
+        return fs.step(uncond + GUIDANCE * (cond - uncond), i, x)
+
+    graphed = cuda_graph(step, clone_outputs=False)    # x is copied into the next replay's input anyway
+
+    def loop(latents):
+        i = fs.new_step_index()
+        x = latents * fs.init_noise_sigma
+        for _ in range(fs.num_steps):
+            x = graphed(x, i)
+            i += 1
+        return x.clone()
+    return loop
+
+
 def dit_step(dit, x, timestep, class_labels):
     return dit(hidden_states=x, timestep=timestep, class_labels=class_labels).sample

@@ -15,7 +15,9 @@ HF's default) in two modes:
 
 Providers: ``hf-eager`` (the baseline), ``hf-compile`` (``torch.compile(model)``), ``flashfuse``
 (``patch_transformers(model)``: norms, RoPE, MLP, attention, fused linear cross entropy) and
-``flashfuse-compile`` (patched, then compiled). Each provider builds its own model from the same seed, so
+``flashfuse-compile`` (patched, then compiled); for the diffusion rows also ``flashfuse-graph`` (patched, every
+denoising step replayed as one CUDA graph by ``flashfuse.cuda_graph``) and, on request, ``hf-compile-graphs``
+(``torch.compile(mode="reduce-overhead")``, torch's CUDA-graph mode). Each provider builds its own model from the same seed, so
 every row starts from the same weights; the correctness check compares the first step's loss (train) or the
 logits (prefill) with the fp32 model's. The model is built inside the first (untimed) call, so the peak
 memory of a row is the whole step's: weights, gradients, optimizer state and activations. Tokens/s is
@@ -29,7 +31,7 @@ import gc
 
 import torch
 
-from ..harness import Case, Provider, Suite, dtype_name
+from ..harness import Case, Provider, Skip, Suite, dtype_name
 from . import _diffusion_models as dm
 
 # Llama-3.2-1B (meta-llama/Llama-3.2-1B config.json), without the llama3 rope scaling (it changes no cost).
@@ -92,16 +94,26 @@ def _build(size: dict, dtype: torch.dtype, device: str, patch: bool):
     return model
 
 
-def _provider(patch: bool, compile: bool):
+def _provider(patch: bool, compile, graph: bool = False):
+    """compile: False, True (torch.compile's default mode) or a mode name ("reduce-overhead": CUDA graphs)."""
     def factory(case: Case, *inputs):
         if case.params["model"] in DIFFUSION:
-            return _diffusion_call(case, inputs, patch, compile)
+            return _diffusion_call(case, inputs, patch, compile, graph)
+        if graph or isinstance(compile, str):
+            raise Skip("diffusion rows only (the Llama training step and prefill are GPU-bound)")
         return _llama_call(case, inputs[0], patch, compile)
     return factory
 
 
-def _diffusion_call(case: Case, inputs, patch: bool, compile: bool):
-    """A callable building the model at its first (untimed) call: the 30-step loop, or one DiT step."""
+def _compiled(model, compile):
+    if not compile:
+        return model
+    return torch.compile(model, mode=compile) if isinstance(compile, str) else torch.compile(model)
+
+
+def _diffusion_call(case: Case, inputs, patch: bool, compile, graph: bool):
+    """A callable building the model at its first (untimed) call: the 30-step loop, or one DiT step. graph:
+    every denoising step (or the DiT call) replays one CUDA graph (``flashfuse.cuda_graph``)."""
     p = case.params
     kind, config = DIFFUSION[p["model"]]
     state: dict = {}
@@ -110,8 +122,15 @@ def _diffusion_call(case: Case, inputs, patch: bool, compile: bool):
         if not state:
             model = dm.build(kind, config, case.dtype, inputs[0].device.type, patch)
             state["model"] = model
-            state["forward"] = torch.compile(model) if compile else model
+            state["forward"] = _compiled(model, compile)
+            if graph and kind == "unet":
+                state["loop"] = dm.graphed_euler_loop(model, inputs[1], p["steps"], inputs[0].device)
+            elif graph:
+                from flashfuse.cuda_graph import cuda_graph
+                state["forward"] = cuda_graph(model)
         with torch.no_grad():
+            if "loop" in state:
+                return state["loop"](inputs[0])
             if kind == "unet":
                 return dm.euler_loop(state["forward"], *inputs, steps=p["steps"], fused=patch)
             return dm.dit_step(state["forward"], *inputs)
@@ -127,7 +146,7 @@ def _llama_call(case: Case, input_ids, patch: bool, compile: bool):
     def setup():
         model = _build(SIZES[p["model"]], dtype, device, patch)
         state["model"] = model
-        state["forward"] = torch.compile(model) if compile else model
+        state["forward"] = _compiled(model, compile)
         if p["mode"] == "train":
             state["opt"] = torch.optim.AdamW(model.parameters(), lr=LR)
 
@@ -169,6 +188,11 @@ class Models(Suite):
             Provider("hf-eager", _provider(False, False), kind="baseline", description="HF eager, sdpa attention"),
             Provider("hf-compile", _provider(False, True), needs_cuda=True,
                      description="torch.compile(model), sdpa attention"),
+            Provider("flashfuse-graph", _provider(True, False, graph=True), kind="flashfuse", needs_cuda=True,
+                     description="diffusion: patch_diffusers + FusedScheduler, each denoising step one CUDA graph "
+                                 "(flashfuse.cuda_graph)"),
+            Provider("hf-compile-graphs", _provider(False, "reduce-overhead"), needs_cuda=True, default=False,
+                     description="diffusion: torch.compile(model, mode='reduce-overhead') (CUDA graphs)"),
         ]
 
     def cases(self, opts):
