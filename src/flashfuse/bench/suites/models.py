@@ -16,7 +16,7 @@ HF's default) in two modes:
 Providers: ``hf-eager`` (the baseline), ``hf-compile`` (``torch.compile(model)``), ``flashfuse``
 (``patch_transformers(model)``: norms, RoPE, MLP, attention, fused linear cross entropy) and
 ``flashfuse-compile`` (patched, then compiled); for the diffusion rows also ``flashfuse-graph`` (patched, every
-denoising step replayed as one CUDA graph by ``flashfuse.cuda_graph``) and, on request, ``hf-compile-graphs``
+denoising step replayed as one CUDA graph by ``flashfuse.cuda_graph``, the UNet in channels_last) and, on request, ``hf-compile-graphs``
 (``torch.compile(mode="reduce-overhead")``, torch's CUDA-graph mode). Each provider builds its own model from the same seed, so
 every row starts from the same weights; the correctness check compares the first step's loss (train) or the
 logits (prefill) with the fp32 model's. The model is built inside the first (untimed) call, so the peak
@@ -124,6 +124,9 @@ def _diffusion_call(case: Case, inputs, patch: bool, compile, graph: bool):
             state["model"] = model
             state["forward"] = _compiled(model, compile)
             if graph and kind == "unet":
+                # diffusers' own speed tip: channels_last convolutions skip cuDNN's NCHW <-> NHWC transposes
+                # (3.1 of the UNet call's 11 ms on an H200; results/h200-2026-11-21-s4/channels_last_probe.log).
+                model = model.to(memory_format=torch.channels_last)
                 state["loop"] = dm.graphed_euler_loop(model, inputs[1], p["steps"], inputs[0].device)
             elif graph:
                 from flashfuse.cuda_graph import cuda_graph
@@ -190,7 +193,7 @@ class Models(Suite):
                      description="torch.compile(model), sdpa attention"),
             Provider("flashfuse-graph", _provider(True, False, graph=True), kind="flashfuse", needs_cuda=True,
                      description="diffusion: patch_diffusers + FusedScheduler, each denoising step one CUDA graph "
-                                 "(flashfuse.cuda_graph)"),
+                                 "(flashfuse.cuda_graph); the UNet in channels_last"),
             Provider("hf-compile-graphs", _provider(False, "reduce-overhead"), needs_cuda=True, default=False,
                      description="diffusion: torch.compile(model, mode='reduce-overhead') (CUDA graphs)"),
         ]
