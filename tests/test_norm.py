@@ -145,6 +145,34 @@ def test_column_loop(device, monkeypatch, shape, residual):
     check_op(layer_norm, layer_norm_ref, t, {}, TOL[F32])
 
 
+@pytest.mark.parametrize("programs, stages, reg_prefetch, sum_block_p", [
+    (1, 1, False, 64),      # one program over every row, no prefetch
+    (3, 1, True, 2),        # the register prefetch; 3 uneven runs of rows; partial sums 2 rows a step
+    (7, 2, False, 4),       # pipelined loads (sequential in the interpreter), runs of 5-6 rows
+    (64, 4, False, 16),     # more programs than row blocks: one row block each
+])
+def test_backward_schedules(device, monkeypatch, programs, stages, reg_prefetch, sum_block_p):
+    """The backward's knobs (the tune script sweeps them on the GPU): programs in the persistent grid,
+    load pipelining, the partial-row sum's step. Gradients must not depend on them."""
+    monkeypatch.setattr(norm_ops, "INTERPRETER_BWD_PROGRAMS", programs)
+    monkeypatch.setattr(norm_ops, "BWD_STAGES", stages)
+    monkeypatch.setattr(norm_ops, "BWD_REG_PREFETCH", reg_prefetch)
+    monkeypatch.setattr(norm_ops, "PARAM_SUM_BLOCK_P", sum_block_p)
+    t = make((37, 123), F32, device, bias=True, residual=True, shift=3.0)
+    check_op(layer_norm, layer_norm_ref, t, {}, TOL[F32])
+    t = make((37, 40), F32, device, residual=True)      # 40 columns: 4096 // 64 = 64 rows per block
+    check_op(rms_norm, rms_norm_ref, t, dict(offset=1.0, casting_mode="gemma"), TOL[F32])
+
+
+def test_backward_stages_fit_shared_memory(monkeypatch):
+    """Pipeline stages are capped so the staged rows of s, dy (and dsum) fit BWD_SMEM_BUDGET."""
+    monkeypatch.setattr(norm_ops, "BWD_STAGES", 4)
+    monkeypatch.setattr(norm_ops, "BWD_SMEM_BUDGET", 160 * 1024)
+    assert norm_ops._bwd_stages(1, 4096, (torch.bfloat16,) * 2) == 4               # 16 KB a stage
+    assert norm_ops._bwd_stages(1, 8192, (F32,) * 3) == 2                          # 96 KB a stage
+    assert norm_ops._bwd_stages(4, 8192, (F32,) * 3) == 1                          # 384 KB: no staging
+
+
 def test_strided_inputs(device):
     """Qwen3's QK-norm on (B, S, H, D) slices of a packed projection: leading dims that do not merge into
     one row stride are copied; a plain row slice is used in place; a strided last dim is copied."""

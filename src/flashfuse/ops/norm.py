@@ -21,7 +21,8 @@ from torch import Tensor
 from .._checks import check_same, check_tensor, last_dim_contiguous
 from ._custom_op import FlashfuseOp
 from ._triton import cdiv, next_power_of_2, sm_count
-from .norm_details._kernels import _norm_bwd_kernel, _norm_bwd_row_sums_kernel, _norm_fwd_kernel
+from .norm_details._kernels import (_norm_bwd_kernel, _norm_bwd_row_sums_kernel, _norm_fwd_kernel,
+                                    _norm_param_grad_kernel)
 
 CASTING_MODES = ("llama", "gemma")
 
@@ -38,16 +39,30 @@ MAX_BLOCK_N_BWD = 8192
 TILE_ELEMENTS = 4096
 # Forward: one warp per 512 elements of the tile, 16 per thread, i.e. two 16-byte vectors of bf16 (Liger
 # uses the same ratio: 8 warps for 4096 columns), at most 16 warps (see MAX_BLOCK_N_FWD).
-# Backward: it holds ~2.5x more per column (s, dy, the prefetched next row, w', dw), so the register file
-# fits one program per SM at hidden >= 4096 whatever the warp count. Measured on an H200 (bf16, % of copy
-# bandwidth): 8 warps at 4096 columns (RMSNorm bwd 74% vs 63% with 16); at 8192 RMSNorm is best on 32
-# warps (92% vs 87% on 16), LayerNorm (one more accumulator, db) on 16 (79% vs 55% on 32, where it spills).
+# Backward: 8 warps at 4096 columns hold s, dy, x_hat, g, w' and the dw / db partials in ~125 registers
+# (ptxas sm_90, no spills), so two programs share an SM. Measured on an H200 (bf16, % of copy bandwidth,
+# before the pipelined loads below): 8 warps at 4096 columns (RMSNorm bwd 74% vs 63% with 16); at 8192
+# RMSNorm is best on 32 warps (92% vs 87% on 16), LayerNorm on 16 (79% vs 55% on 32).
 FWD_ELEMENTS_PER_WARP, FWD_MAX_WARPS = 512, 16
 BWD_ELEMENTS_PER_WARP, BWD_RMS_WIDE_ELEMENTS_PER_WARP, BWD_MAX_WARPS = 512, 256, 32
-# Backward programs per SM, counted in warps: 8 programs of 8 warps (4096 columns), 2 of 32 (8192). Those
-# beyond the resident one queue behind it and even out the tail (measured: 74% at 64 warps per SM vs
-# 61-68% at 32 or 128); more would only grow the fp32 dw partial buffer summed afterwards.
-BWD_WARPS_PER_SM = 64
+# Backward programs per SM, counted in warps (a persistent grid, each program looping over a contiguous
+# run of rows and writing one fp32 partial row of dw / db): 32 is 4 programs of 8 warps at 4096 columns,
+# two waves of the two that fit. More programs even out the tail (measured with 64: 74% vs 61-68% at 32
+# or 128 when runs of rows were rounded up to whole programs); fewer shrink the partial rows written
+# and summed afterwards (LayerNorm at 16384 x 4096 with 8 programs per SM: 2 x 17 MB, 8% of the bytes).
+BWD_WARPS_PER_SM = 32
+# Loads of the next rows in flight while a row is computed: Triton's pipeliner (tl.range num_stages)
+# copies BWD_STAGES - 1 row blocks ahead into shared memory with cp.async (at 4096 columns bf16 one
+# stage is 16 KB of s and dy: 2 stages ahead x 2 programs = 64 KB in flight per SM, vs 32 KB with the
+# register prefetch of one row). BWD_REG_PREFETCH (with BWD_STAGES = 1): the former register prefetch.
+BWD_STAGES = 3
+BWD_REG_PREFETCH = False
+# Shared memory one backward program may use for its stages (H100 / H200: 227 KB per block, two
+# programs per SM at 4096 columns): fp32 rows at 8192 columns with a fused residual are 96 KB a stage.
+BWD_SMEM_BUDGET = 160 * 1024
+# The dw / db partial-row sum: 32 columns x 64 partial rows per step (8 KB of fp32 per tensor, 4 warps),
+# 128 programs at 4096 columns.
+PARAM_SUM_BLOCK_N, PARAM_SUM_BLOCK_P, PARAM_SUM_WARPS = 32, 64, 4
 INTERPRETER_BWD_PROGRAMS = 4  # in the interpreter: a few programs, each looping over several rows
 
 
@@ -110,44 +125,57 @@ def _norm_forward(x, residual, weight, bias, eps, offset, *, is_rms, llama_casti
     return y, s, mean, rstd
 
 
+def _bwd_stages(block_m: int, block_n: int, dtypes) -> int:
+    """BWD_STAGES, fewer when a stage (one row block of s, dy and dsum) would not fit BWD_SMEM_BUDGET."""
+    stage_bytes = block_m * block_n * sum(d.itemsize for d in dtypes)
+    return max(1, min(BWD_STAGES, 1 + BWD_SMEM_BUDGET // stage_bytes))
+
+
 def _norm_backward(dy, dsum, s, weight, bias, mean, rstd, offset, *, is_rms, llama_casting, compute_dw,
                    compute_db):
     n_rows, n_cols = s.shape
     device = s.device
     dx = _alloc((n_rows, n_cols), dtype=s.dtype, device=device)
+    dw = _alloc(n_cols, dtype=weight.dtype, device=device) if compute_dw else None
+    db = _alloc(n_cols, dtype=bias.dtype, device=device) if compute_db else None
+    if n_rows == 0:
+        return dx, None if dw is None else dw.zero_(), None if db is None else db.zero_()
     block_m, block_n, num_warps = _launch_config(n_rows, n_cols, MAX_BLOCK_N_BWD, BWD_ELEMENTS_PER_WARP,
                                                  BWD_MAX_WARPS, BWD_RMS_WIDE_ELEMENTS_PER_WARP if is_rms else 0)
     n_col_blocks = cdiv(n_cols, block_n)
-    # Enough row programs to fill the GPU, each looping over a contiguous run of rows (a multiple of
-    # BLOCK_M) and keeping its dw / db partial in registers.
+    # A persistent grid: enough row programs to fill the GPU, each looping over a contiguous run of row
+    # blocks (runs differ by at most one block) and keeping its dw / db partial in registers.
     n_programs = min(cdiv(n_rows, block_m), max(1, _bwd_programs(device, num_warps) // n_col_blocks))
-    rows_per_program = max(1, cdiv(cdiv(n_rows, max(n_programs, 1)), block_m)) * block_m
-    n_programs = cdiv(n_rows, rows_per_program)  # 0 when there are no rows: dw = db = 0
     dw_part = _alloc((n_programs, n_cols), dtype=torch.float32, device=device) if compute_dw else None
     db_part = _alloc((n_programs, n_cols), dtype=torch.float32, device=device) if compute_db else None
-    if n_rows > 0:
-        one_block = n_col_blocks == 1
-        row_sums = None
-        dummy = s
-        if not one_block:
-            row_sums = _alloc((n_rows, 2), dtype=torch.float32, device=device)
-            _norm_bwd_row_sums_kernel[(cdiv(n_rows, block_m),)](
-                dy, s, dummy if weight is None else weight, rstd if mean is None else mean, rstd, row_sums,
-                n_rows, n_cols, dy.stride(0), s.stride(0), float(offset),
-                IS_RMS=is_rms, HAS_WEIGHT=weight is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-                num_warps=num_warps)
-        _norm_bwd_kernel[(n_programs, n_col_blocks)](
-            dy, dummy if dsum is None else dsum, s, dummy if weight is None else weight,
-            rstd if mean is None else mean, rstd, rstd if row_sums is None else row_sums, dx,
+    one_block = n_col_blocks == 1
+    row_sums = None
+    dummy = s  # stands in for absent optional tensors; the kernels never touch it
+    if not one_block:
+        row_sums = _alloc((n_rows, 2), dtype=torch.float32, device=device)
+        _norm_bwd_row_sums_kernel[(cdiv(n_rows, block_m),)](
+            dy, s, dummy if weight is None else weight, rstd if mean is None else mean, rstd, row_sums,
+            n_rows, n_cols, dy.stride(0), s.stride(0), float(offset),
+            IS_RMS=is_rms, HAS_WEIGHT=weight is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=num_warps)
+    stages = _bwd_stages(block_m, block_n, (s.dtype, dy.dtype) + (() if dsum is None else (dsum.dtype,)))
+    _norm_bwd_kernel[(n_programs, n_col_blocks)](
+        dy, dummy if dsum is None else dsum, s, dummy if weight is None else weight,
+        rstd if mean is None else mean, rstd, rstd if row_sums is None else row_sums, dx,
+        rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
+        n_rows, n_cols, n_programs,
+        dy.stride(0), 0 if dsum is None else dsum.stride(0), s.stride(0), dx.stride(0),
+        float(offset),
+        IS_RMS=is_rms, HAS_DSUM=dsum is not None, HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw,
+        COMPUTE_DB=compute_db, LLAMA_CASTING=llama_casting, ONE_BLOCK=one_block,
+        BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, REG_PREFETCH=BWD_REG_PREFETCH and stages == 1,
+        num_warps=num_warps)
+    if compute_dw or compute_db:
+        _norm_param_grad_kernel[(cdiv(n_cols, PARAM_SUM_BLOCK_N),)](
             rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
-            n_rows, n_cols, rows_per_program,
-            dy.stride(0), 0 if dsum is None else dsum.stride(0), s.stride(0), dx.stride(0),
-            float(offset),
-            IS_RMS=is_rms, HAS_DSUM=dsum is not None, HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw,
-            COMPUTE_DB=compute_db, LLAMA_CASTING=llama_casting, ONE_BLOCK=one_block,
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
-    dw = dw_part.sum(0).to(weight.dtype) if compute_dw else None
-    db = db_part.sum(0).to(bias.dtype) if compute_db else None
+            rstd if dw is None else dw, rstd if db is None else db, n_programs, n_cols,
+            COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_P=PARAM_SUM_BLOCK_P,
+            BLOCK_N=PARAM_SUM_BLOCK_N, num_warps=PARAM_SUM_WARPS)
     return dx, dw, db
 
 

@@ -21,7 +21,7 @@ Backward, with g = dy * w' (fp32) and row means over the N columns. For RMSNorm,
 
 The backward recomputes x_hat from s and the saved rstd (and mu): the forward saves only s (or x), rstd
 and mu. dw/db are deterministic: each backward program sums its rows into registers and writes one fp32
-partial row; torch sums the few partial rows afterwards (no atomics).
+partial row; a second small kernel sums the partial rows (no atomics).
 """
 
 import triton
@@ -185,20 +185,27 @@ def _norm_bwd_row_sums_kernel(
 
 
 @triton.jit
+def _add_pair(a0, a1, b0, b1):
+    """Combine function of a reduction over two tensors at once."""
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
 def _norm_bwd_kernel(
     DY, DSUM, S, W, MEAN, RSTD, ROW_SUMS, DX, DW_PART, DB_PART,
     # DY, DSUM, S, DX: [n_rows, n_cols]; W: [n_cols]; MEAN, RSTD: [n_rows]; ROW_SUMS: [n_rows, 2];
     # DW_PART, DB_PART: [num_programs(0), n_cols] fp32 (out)
-    n_rows, n_cols, rows_per_program,
+    n_rows, n_cols, n_programs,
     stride_dy_row, stride_dsum_row, stride_s_row, stride_dx_row,
     offset,
     IS_RMS: tl.constexpr, HAS_DSUM: tl.constexpr, HAS_WEIGHT: tl.constexpr, COMPUTE_DW: tl.constexpr,
     COMPUTE_DB: tl.constexpr, LLAMA_CASTING: tl.constexpr, ONE_BLOCK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, REG_PREFETCH: tl.constexpr,
 ):
-    """Program (i_p, i_n) owns rows [i_p * rows_per_program, +rows_per_program) x column block i_n: writes
-    their dx and one partial row of dw / db (summed in registers over its rows). ONE_BLOCK: the row sums
-    are computed here; otherwise they come from _norm_bwd_row_sums_kernel (ROW_SUMS)."""
+    """Program (i_p, i_n) owns a contiguous run of rows (1/n_programs of them) x column block i_n: writes
+    their dx and one partial row of dw / db (summed in registers over its rows, written once at the end;
+    _norm_param_grad_kernel adds the partial rows). ONE_BLOCK: the row sums are computed here; otherwise
+    they come from _norm_bwd_row_sums_kernel (ROW_SUMS)."""
     i_p = tl.program_id(0)
     i_n = tl.program_id(1)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)                                # [BLOCK_N]
@@ -206,27 +213,42 @@ def _norm_bwd_kernel(
     w = _load_weight(W, o_n, m_n, offset, HAS_WEIGHT)                         # [BLOCK_N], loaded once
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     db = tl.zeros([BLOCK_N], dtype=tl.float32)
-    row_start = i_p * rows_per_program
-    row_end = tl.minimum(row_start + rows_per_program, n_rows)
-    # Software pipelining by hand: the loads of the next row block are issued before this one is
-    # computed, so memory stays busy while the row sums and dx are computed.
+    # Balanced runs: program i_p owns row blocks [i_p nb / P, (i_p + 1) nb / P) of the nb blocks.
+    n_row_blocks = tl.cdiv(n_rows, BLOCK_M)
+    row_start = (i_p.to(tl.int64) * n_row_blocks // n_programs) * BLOCK_M
+    row_end = tl.minimum(((i_p.to(tl.int64) + 1) * n_row_blocks // n_programs) * BLOCK_M, n_rows)
+    # The loads of later row blocks must be in flight while this one is computed (two programs per SM at
+    # 4096 columns, each waiting on one row of s and dy, 16 KB bf16, are too few bytes in flight for HBM).
+    # NUM_STAGES > 1: Triton's pipeliner copies the next NUM_STAGES - 1 row blocks into shared memory
+    # asynchronously (cp.async; no registers held). REG_PREFETCH: the next row block is loaded into
+    # registers by hand before this one is computed (one block ahead, at a register cost).
     o_m = (row_start + tl.arange(0, BLOCK_M)).to(tl.int64)                      # [BLOCK_M]
-    mask = (o_m < row_end)[:, None] & m_n[None, :]
-    s_next = tl.load(S + o_m[:, None] * stride_s_row + o_n[None, :], mask=mask, other=0.0)
-    dy_next = tl.load(DY + o_m[:, None] * stride_dy_row + o_n[None, :], mask=mask, other=0.0)
-    for r0 in range(row_start, row_end, BLOCK_M):
+    if REG_PREFETCH:
+        mask = (o_m < row_end)[:, None] & m_n[None, :]
+        s_next = tl.load(S + o_m[:, None] * stride_s_row + o_n[None, :], mask=mask, other=0.0)
+        dy_next = tl.load(DY + o_m[:, None] * stride_dy_row + o_n[None, :], mask=mask, other=0.0)
+    for r0 in tl.range(row_start, row_end, BLOCK_M, num_stages=NUM_STAGES):
         o_m = (r0 + tl.arange(0, BLOCK_M)).to(tl.int64)                        # [BLOCK_M]
         m_m = o_m < row_end
         mask = m_m[:, None] & m_n[None, :]
-        s, dy = s_next, dy_next
-        o_next = o_m + BLOCK_M
-        m_next = (o_next < row_end)[:, None] & m_n[None, :]
-        s_next = tl.load(S + o_next[:, None] * stride_s_row + o_n[None, :], mask=m_next, other=0.0)
-        dy_next = tl.load(DY + o_next[:, None] * stride_dy_row + o_n[None, :], mask=m_next, other=0.0)
+        if REG_PREFETCH:
+            s, dy = s_next, dy_next
+            o_next = o_m + BLOCK_M
+            m_next = (o_next < row_end)[:, None] & m_n[None, :]
+            s_next = tl.load(S + o_next[:, None] * stride_s_row + o_n[None, :], mask=m_next, other=0.0)
+            dy_next = tl.load(DY + o_next[:, None] * stride_dy_row + o_n[None, :], mask=m_next, other=0.0)
+        else:
+            s = tl.load(S + o_m[:, None] * stride_s_row + o_n[None, :], mask=mask, other=0.0)
+            dy = tl.load(DY + o_m[:, None] * stride_dy_row + o_n[None, :], mask=mask, other=0.0)
         x_hat, g, dy, rstd = _x_hat_g(s, dy, w, MEAN, RSTD, o_m, m_m, mask, IS_RMS, HAS_WEIGHT)
         if ONE_BLOCK:
-            c1 = tl.sum(g * x_hat, axis=1) / n_cols                            # mean(g x_hat) [BLOCK_M]
-            c2 = tl.sum(g, axis=1) / n_cols                                    # mean(g), LayerNorm only
+            if IS_RMS:
+                c1 = tl.sum(g * x_hat, axis=1) / n_cols                        # mean(g x_hat) [BLOCK_M]
+                c2 = c1                                                        # unused
+            else:
+                # Both row sums in one reduction (one exchange through shared memory, not two).
+                c1, c2 = tl.reduce((g * x_hat, g), 1, _add_pair)
+                c1, c2 = c1 / n_cols, c2 / n_cols                              # mean(g x_hat), mean(g)
         else:
             c1 = tl.load(ROW_SUMS + 2 * o_m, mask=m_m, other=0.0)
             c2 = tl.load(ROW_SUMS + 2 * o_m + 1, mask=m_m, other=0.0)
@@ -249,3 +271,31 @@ def _norm_bwd_kernel(
         tl.store(DW_PART + o_part, dw, mask=m_n)
     if COMPUTE_DB:
         tl.store(DB_PART + o_part, db, mask=m_n)
+
+
+@triton.jit
+def _norm_param_grad_kernel(
+    DW_PART, DB_PART, DW, DB,  # DW_PART, DB_PART: [n_parts, n_cols] fp32; DW, DB: [n_cols] (out)
+    n_parts, n_cols,
+    COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dw = sum of the backward programs' partial rows (and db), in fp32, stored in the parameter's dtype:
+    one launch for both sums and both casts. Program i_n owns BLOCK_N columns and loops over the partial
+    rows BLOCK_P at a time, summing per lane and across lanes once at the end."""
+    i_n = tl.program_id(0).to(tl.int64)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)                                # [BLOCK_N]
+    m_n = o_n < n_cols
+    acc_w = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for p0 in range(0, n_parts, BLOCK_P):
+        o_p = (p0 + tl.arange(0, BLOCK_P)).to(tl.int64)                        # [BLOCK_P]
+        mask = (o_p < n_parts)[:, None] & m_n[None, :]
+        offs = o_p[:, None] * n_cols + o_n[None, :]                            # [BLOCK_P, BLOCK_N]
+        if COMPUTE_DW:
+            acc_w += tl.load(DW_PART + offs, mask=mask, other=0.0)
+        if COMPUTE_DB:
+            acc_b += tl.load(DB_PART + offs, mask=mask, other=0.0)
+    if COMPUTE_DW:
+        tl.store(DW + o_n, tl.sum(acc_w, axis=0).to(DW.dtype.element_ty), mask=m_n)
+    if COMPUTE_DB:
+        tl.store(DB + o_n, tl.sum(acc_b, axis=0).to(DB.dtype.element_ty), mask=m_n)
