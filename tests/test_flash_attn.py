@@ -17,6 +17,7 @@ from attention_utils import (alibi_slopes, assert_finite, assert_zero_rows, chec
 from flashfuse import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                        flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                        flash_attn_varlen_qkvpacked_func, scaled_dot_product_attention)
+from flashfuse.ops.attention import flash_fwd
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -486,3 +487,101 @@ def test_torch_compile_fullgraph_small(device):
         results.append((out, lse) + torch.autograd.grad(out, (q, k, v), dout))
     for name, eager, compiled in zip(("out", "lse", "dq", "dk", "dv"), *results):
         assert torch.equal(compiled, eager), f"{name}: compiled differs from eager"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Forward launch plan: head-dim split or padding, vector width, tile table
+# ----------------------------------------------------------------------------------------------------
+
+def test_head_dim_split_table():
+    """Split only where a power-of-two main part + tail is narrower than padding; both parts are tl.dot
+    sized (powers of two >= 16) and cover the head dim."""
+    assert flash_fwd.SPLIT_HEAD_DIM
+    expected = {40: (32, 16), 72: (64, 16), 80: (64, 16), 96: (64, 32), 160: (128, 32), 59: (64, 0),
+                111: (128, 0), 224: (256, 0), 64: (64, 0), 128: (128, 0), 1: (16, 0), 17: (32, 0), 24: (32, 0)}
+    for head_dim, split in expected.items():
+        assert flash_fwd.head_dim_split(head_dim) == split, head_dim
+    for head_dim in range(1, 257):
+        main, tail = flash_fwd.head_dim_split(head_dim)
+        padded = flash_fwd.head_dim_block(head_dim)
+        assert main >= 16 and main & (main - 1) == 0, (head_dim, main)
+        if tail:
+            assert tail >= 16 and tail & (tail - 1) == 0, (head_dim, tail)
+            assert main < head_dim <= main + tail < padded, (head_dim, main, tail)
+        else:
+            assert main == padded, (head_dim, main)
+
+
+def test_vector_width():
+    """16-byte vectors only where head_dim and every stride but the last are multiples of them."""
+    def vec(head_dim, *tensors):
+        return flash_fwd.vector_width(head_dim, tensors[0].element_size(), tensors)
+
+    x16 = torch.empty(2, 5, 3, 72, dtype=F16)
+    assert vec(72, x16) == 8                                    # 144-byte rows: 16-byte aligned
+    assert vec(72, x16.float()) == 4
+    assert vec(40, torch.empty(2, 5, 3, 40, dtype=F16)) == 8
+    assert vec(59, torch.empty(2, 5, 3, 59, dtype=F16)) == 1
+    packed = torch.empty(2, 5, 3, 41, dtype=F16)[..., :40]     # head stride 41: rows start anywhere
+    assert vec(40, packed) == 1
+    assert vec(40, torch.empty(2, 5, 3, 40, dtype=F16), packed) == 1
+    assert vec(36, torch.empty(2, 5, 3, 36, dtype=F16)) == 4
+    expanded = torch.empty(1, 5, 1, 72, dtype=F16).expand(4, 5, 3, 72)   # stride 0 divides anything
+    assert vec(72, expanded) == 8
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["split", "pad"])
+@pytest.mark.parametrize("headdim, dtype, opts", [
+    pytest.param(72, F16, {}, id="d72-fp16"),
+    pytest.param(80, F32, {"causal": True}, id="d80-causal-fp32"),
+    pytest.param(160, F16, {"window_size": (9, 3), "softcap": 3.0}, id="d160-window-softcap-fp16"),
+])
+def test_head_dim_split_or_pad(device, monkeypatch, split, headdim, dtype, opts):
+    """The diffusion head dims (DiT 72, SD 40 / 80 / 160) through both forward plans: main part + masked
+    tail (64 + 8 of 16 for 72), or one padded, masked block; cross-attention-like seqlen_k = 77."""
+    monkeypatch.setattr(flash_fwd, "SPLIT_HEAD_DIM", split)
+    assert (flash_fwd.head_dim_split(headdim)[1] > 0) == split
+    q, k, v = rand_qkv(2, 37, 77, 2, 1, headdim, dtype=dtype, device=device)
+    out = flash_attn_func(q, k, v, **opts)
+    check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out)
+
+
+def test_head_dim_split_strided_unaligned(device):
+    """Split head dim on views whose rows are not 16-byte aligned (head stride 73): vector width 1."""
+    buf = rand(1, 37, 3, 73, dtype=F16, device=device)
+
+    def views(buf):
+        return buf[:, :, 0, :72].unsqueeze(2), buf[:, :17, 1, 1:].unsqueeze(2), buf[:, :17, 2, :72].unsqueeze(2)
+    q, k, v = views(buf)
+    assert flash_fwd.vector_width(72, 2, (q, k, v)) == 1
+    out = flash_attn_func(q, k, v)
+
+    def ref_fn(buf):
+        return flash_ref(*views(buf))
+    check_attention(ref_fn, {"buf": buf}, out)
+
+
+def test_forward_config_table(monkeypatch):
+    """The compiled-GPU tile table (the interpreter always takes 32 x 32): tuned long-sequence configs
+    unchanged; short key loops and small grids get 64-row (or smaller) tiles that fill the SMs; wide
+    heads on small tiles stay on key tiles that ptxas showed spill-free."""
+    monkeypatch.setattr(flash_fwd, "INTERPRET", False)
+
+    def config(width, seqlen_q, seqlen_k, batch_heads, windowed=False):
+        return flash_fwd.forward_config(width, F16, windowed, False, seqlen_q, seqlen_k, batch_heads, 132)
+
+    def tiles(c):
+        return c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["num_stages"]
+
+    assert tiles(config(64, 4096, 4096, 128)) == (128, 64, 8, 3)            # benchmarks/NOTES.md
+    assert tiles(config(128, 4096, 4096, 128)) == (128, 128, 8, 3)
+    assert tiles(config(128, 4096, 4096, 128, windowed=True)) == (128, 64, 8, 3)
+    assert tiles(config(48, 4096, 4096, 16)) == (128, 64, 8, 3)             # SD 64x64 latents, head dim 40
+    assert tiles(config(80, 256, 256, 512)) == (64, 128, 4, 2)              # DiT-XL/2, like cuDNN's tile
+    assert tiles(config(48, 4096, 77, 16)) == (64, 128, 4, 2)               # cross-attention: one key block
+    for width, seqlen, batch_heads in ((80, 1024, 16), (160, 256, 16), (160, 64, 16), (64, 17, 1)):
+        c = config(width, seqlen, seqlen, batch_heads)
+        programs = -(-seqlen // c["BLOCK_M"]) * batch_heads
+        assert programs >= 66 or c["BLOCK_M"] == 16, (width, seqlen, c)
+        if width > 128 and c["BLOCK_M"] < 64:
+            assert c["BLOCK_N"] <= 32, c

@@ -18,34 +18,48 @@ the backward's exp(s - lse) is 0 for them.
 
 from __future__ import annotations
 
+import math
 
 import torch
 import triton
 import triton.language as tl
 
 from ..._env import INTERPRET
-from .._triton import cdiv, dot, next_power_of_2
+from .._triton import cdiv, dot, next_power_of_2, sm_count
 from ._flash_common import LOG2E, kernel_options, key_block_phases, score_mod, seq_bounds
 from .dropout import dropout_keep
 
 
 @triton.jit
-def _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, start, end, o_m, o_d, m_d, i_bh,
+def _multiple(x, VEC: tl.constexpr):
+    """x, known by the launcher to be a multiple of VEC, in a form the compiler can see is one
+    (tl.multiple_of has no effect on kernel arguments)."""
+    return (x // VEC) * VEC
+
+
+@triton.jit
+def _fwd_key_blocks(acc, acc2, l_i, m_i, q, q2, k_base, v_base, start, end, o_m, o_d, m_d, o_d2, m_d2, i_bh,
                     seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale,
                     softcap_scale, softcap_log2, alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n,
                     p_rng, dropout_p, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
                     HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
-    """One phase of the key loop over key blocks [start, end); MASKED phases check every element."""
+                    BLOCK_N: tl.constexpr, BLOCK_D2: tl.constexpr):
+    """One phase of the key loop over key blocks [start, end); MASKED phases check every element.
+    With BLOCK_D2 > 0 the head dim is split: columns o_d in q / acc, the tail o_d2 in q2 / acc2."""
     for start_n in range(start, end, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)
         if MASKED:
             m_kv = (o_n[:, None] < seqlen_k) & m_d[None, :]                          # [BLOCK_N, BLOCK_D]
+            m_kv2 = (o_n[:, None] < seqlen_k) & m_d2[None, :]                        # [BLOCK_N, BLOCK_D2]
         else:
             m_kv = m_d[None, :]
+            m_kv2 = m_d2[None, :]
         b_k = tl.load(k_base + o_n[:, None] * stride_k_s + o_d[None, :], mask=m_kv, other=0.0)
         qk = dot(q, tl.trans(b_k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32))  # [BLOCK_M, BLOCK_N]
+        if BLOCK_D2 > 0:
+            b_k2 = tl.load(k_base + o_n[:, None] * stride_k_s + o_d2[None, :], mask=m_kv2, other=0.0)
+            qk = dot(q2, tl.trans(b_k2), qk)
         s2, _ = score_mod(qk, o_m[:, None], o_n[None, :], seqlen_q, seqlen_k, window_left, window_right,
                           qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, p_bias, stride_bias_m,
                           stride_bias_n, MASKED, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP,
@@ -62,8 +76,11 @@ def _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, start, end, o_m, o_d, m_d,
             p = tl.where(dropout_keep(p_rng, i_bh, o_m[:, None], o_n[None, :], dropout_p), p, 0.0)
         b_v = tl.load(v_base + o_n[:, None] * stride_v_s + o_d[None, :], mask=m_kv, other=0.0)
         acc = dot(p.to(b_v.dtype), b_v, acc)
+        if BLOCK_D2 > 0:
+            b_v2 = tl.load(v_base + o_n[:, None] * stride_v_s + o_d2[None, :], mask=m_kv2, other=0.0)
+            acc2 = dot(p.to(b_v2.dtype), b_v2, acc2 * alpha[:, None])
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, acc2, l_i, m_i
 
 
 @triton.jit
@@ -81,7 +98,21 @@ def _flash_fwd_kernel(
     BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    BLOCK_D2: tl.constexpr, VEC: tl.constexpr,
 ):
+    # Head dims: columns [0, BLOCK_D) in q / acc (masked to head_dim unless EVEN_D), and when BLOCK_D2 > 0
+    # a tail [BLOCK_D, BLOCK_D + BLOCK_D2) in q2 / acc2, masked to head_dim (72 = 64 + 16 instead of 128).
+    # VEC: the launcher checked that head_dim and every q/k/v/o stride are multiples of VEC elements
+    # (<= 16 bytes); rebuilt as (x // VEC) * VEC they say so to the compiler, which then moves 16-byte
+    # vectors (cp.async) instead of single elements (head dims 40, 72 have strides that Triton's
+    # divisibility-by-16 argument specialization does not cover).
+    stride_q_b, stride_q_s = _multiple(stride_q_b, VEC), _multiple(stride_q_s, VEC)
+    stride_k_b, stride_k_s = _multiple(stride_k_b, VEC), _multiple(stride_k_s, VEC)
+    stride_v_b, stride_v_s = _multiple(stride_v_b, VEC), _multiple(stride_v_s, VEC)
+    stride_o_b, stride_o_s = _multiple(stride_o_b, VEC), _multiple(stride_o_s, VEC)
+    stride_q_h, stride_k_h = _multiple(stride_q_h, VEC), _multiple(stride_k_h, VEC)
+    stride_v_h, stride_o_h = _multiple(stride_v_h, VEC), _multiple(stride_o_h, VEC)
+    head_dim = _multiple(head_dim, VEC)
     # Heaviest query blocks first (under a causal mask the last rows see the most keys), so the tail
     # of the grid is made of short programs.
     i_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -107,6 +138,15 @@ def _flash_fwd_kernel(
         m_d = o_d < head_dim
     m_q = (o_m[:, None] < seqlen_q) & m_d[None, :]
     q = tl.load(q_base + o_m[:, None] * stride_q_s + o_d[None, :], mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # Without a tail the *2 names alias the main part; the key loop never touches them then.
+    o_d2, m_d2, m_q2, q2, acc2 = o_d, m_d, m_q, q, acc
+    if BLOCK_D2 > 0:
+        o_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        m_d2 = o_d2 < head_dim
+        m_q2 = (o_m[:, None] < seqlen_q) & m_d2[None, :]
+        q2 = tl.load(q_base + o_m[:, None] * stride_q_s + o_d2[None, :], mask=m_q2, other=0.0)
+        acc2 = tl.zeros([BLOCK_M, BLOCK_D2], dtype=tl.float32)                  # [BLOCK_M, BLOCK_D2]
 
     alibi_slope_log2 = 0.0
     if HAS_ALIBI:
@@ -116,26 +156,25 @@ def _flash_fwd_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, full_lo, full_hi, hi = key_block_phases(m0, seqlen_q, seqlen_k, window_left, window_right,
                                                 BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT)
     # Masked boundary blocks on the left (sliding window), unmasked interior, masked blocks on the right
     # (causal diagonal, window, ragged seqlen_k).
-    acc, l_i, m_i = _fwd_key_blocks(
-        acc, l_i, m_i, q, k_base, v_base, lo, full_lo, o_m, o_d, m_d, i_bh, seqlen_q, seqlen_k,
-        stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
+    acc, acc2, l_i, m_i = _fwd_key_blocks(
+        acc, acc2, l_i, m_i, q, q2, k_base, v_base, lo, full_lo, o_m, o_d, m_d, o_d2, m_d2, i_bh,
+        seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
         alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT,
-        HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N)
-    acc, l_i, m_i = _fwd_key_blocks(
-        acc, l_i, m_i, q, k_base, v_base, full_lo, full_hi, o_m, o_d, m_d, i_bh, seqlen_q, seqlen_k,
-        stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
+        HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N, BLOCK_D2)
+    acc, acc2, l_i, m_i = _fwd_key_blocks(
+        acc, acc2, l_i, m_i, q, q2, k_base, v_base, full_lo, full_hi, o_m, o_d, m_d, o_d2, m_d2, i_bh,
+        seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
         alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p, False, HAS_LEFT,
-        HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N)
-    acc, l_i, m_i = _fwd_key_blocks(
-        acc, l_i, m_i, q, k_base, v_base, full_hi, hi, o_m, o_d, m_d, i_bh, seqlen_q, seqlen_k,
-        stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
+        HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N, BLOCK_D2)
+    acc, acc2, l_i, m_i = _fwd_key_blocks(
+        acc, acc2, l_i, m_i, q, q2, k_base, v_base, full_hi, hi, o_m, o_d, m_d, o_d2, m_d2, i_bh,
+        seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
         alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT,
-        HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N)
+        HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N, BLOCK_D2)
 
     empty = l_i == 0.0                                         # rows that saw no key
     l_safe = tl.where(empty, 1.0, l_i)
@@ -145,6 +184,9 @@ def _flash_fwd_kernel(
     out = acc * inv_l[:, None]
     o_base = p_o + i_b64 * stride_o_b + q_start * stride_o_s + i_h * stride_o_h
     tl.store(o_base + o_m[:, None] * stride_o_s + o_d[None, :], out.to(p_o.dtype.element_ty), mask=m_q)
+    if BLOCK_D2 > 0:
+        out2 = acc2 * inv_l[:, None]
+        tl.store(o_base + o_m[:, None] * stride_o_s + o_d2[None, :], out2.to(p_o.dtype.element_ty), mask=m_q2)
     lse = tl.where(empty, float("inf"), (m_i + tl.log2(l_safe)) / LOG2E)
     p_lse += i_b64 * stride_lse_b + i_h * stride_lse_h + q_start
     tl.store(p_lse + o_m, lse, mask=o_m < seqlen_q)
@@ -154,23 +196,50 @@ def _flash_fwd_kernel(
 # Launcher
 # ----------------------------------------------------------------------------------------------------
 
-def forward_config(head_dim_block: int, dtype: torch.dtype, windowed: bool, has_bias: bool) -> dict:
+# Widest vector one thread moves per load or store: 16 bytes (cp.async.cg / ld.global.v4).
+VEC_BYTES = 16
+# Split head dims into a power-of-two main part and tail (flash_fwd only; the backward pads). Module constant
+# so benchmarks/tune_attention_small.py can measure padding against splitting.
+SPLIT_HEAD_DIM = True
+
+
+def forward_config(width: int, dtype: torch.dtype, windowed: bool, has_bias: bool, seqlen_q: int = 4096,
+                   seqlen_k: int = 4096, programs_per_row_block: int = 1 << 20, num_sms: int = 132) -> dict:
     """Tile sizes, warps and pipeline depth (Hopper; see benchmarks/NOTES.md for how they were picked).
 
-    The interpreter runs numpy per tile, so it gets small 32 x 32 tiles: fast, and several blocks per
-    test sequence so every masking phase is exercised.
+    width: the head dim the kernel computes on (BLOCK_D + BLOCK_D2). programs_per_row_block: batch *
+    nheads_q, the grid's second axis. The interpreter runs numpy per tile, so it gets small 32 x 32
+    tiles: fast, and several blocks per test sequence so every masking phase is exercised.
     """
     if INTERPRET:
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
     if dtype == torch.float32:           # tf32x3 dots hold three operand copies: smaller tiles
-        if head_dim_block <= 64:
+        if width <= 64:
             return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
-    if head_dim_block <= 64:             # H200 S=8192: 414 TFLOP/s (128x64 with 4 warps: 395)
+    programs_128 = cdiv(seqlen_q, 128) * programs_per_row_block
+    if seqlen_k <= 512 or programs_128 < 2 * num_sms:
+        # Short key loops (DiT's 256 tokens, cross-attention to 77 text tokens) and small grids (SD's
+        # 1024-token level: 16 heads x 8 blocks of 128 rows = 128 programs on 132 SMs). One warpgroup on
+        # 64 rows (wgmma's M) doubles the programs, and 2 stages keep a program small enough in shared
+        # memory (64 x 128 tiles at width 80: 90 KB) that two share an SM: one's prologue (Q, the first
+        # K/V tiles) and epilogue (the O store) overlap the other's tensor-core work. cuDNN picks 64 x 128
+        # here too.
+        # Grids under half a wave (SD's 256- and 64-token levels: 16 heads) take 32- or 16-row tiles
+        # (tensor-core mma.sync instead of wgmma) and narrower key tiles to stay spill-free (ptxas, width
+        # 160: 32 x 64 spills 120 bytes, 32 x 32 none).
+        block_m = 64
+        while block_m > 16 and cdiv(seqlen_q, block_m) * programs_per_row_block < num_sms // 2:
+            block_m //= 2
+        block_n = (128 if width <= 128 else 64) if block_m == 64 else (64 if width <= 128 else 32)
+        return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, num_stages=2)
+    if width <= 64:                      # H200 S=8192: 414 TFLOP/s (128x64 with 4 warps: 395)
         return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
-    if head_dim_block <= 128:            # H200 S=8192: 128x128 511 / 448 causal, 128x64 487 / 469 causal
+    if width <= 128:                     # H200 S=8192: 128x128 511 / 448 causal, 128x64 487 / 469 causal
         # A bias tile pipelined beside K and V: 128 x 128 tiles would need 288 KB of shared memory.
         return dict(BLOCK_M=128, BLOCK_N=64 if windowed or has_bias else 128, num_warps=8, num_stages=3)
+    if width <= 160:                     # 128 + 32 split (SD's head dim 160): acc 80 + scores 32 registers
+        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
     # D = 256: a [128, 256] fp32 accumulator spills; 64 x 32 tiles spill 336 bytes, 32 x 32 none.
     return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
 
@@ -178,6 +247,27 @@ def forward_config(head_dim_block: int, dtype: torch.dtype, windowed: bool, has_
 def head_dim_block(head_dim: int) -> int:
     """Head dims are padded (masked) to a power of two >= 16, tl.dot's smallest K."""
     return max(16, next_power_of_2(head_dim))
+
+
+def head_dim_split(head_dim: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_D2): the head dim as a power-of-two main part plus a power-of-two tail (>= 16, tl.dot's
+    smallest K) when the two are narrower than padding, else (padded, 0). 40 -> 32 + 16, 72 -> 64 + 16,
+    80 -> 64 + 16, 96 -> 64 + 32, 160 -> 128 + 32: 1.25-1.6x fewer tensor-core FLOPs than padding to
+    64 / 128 / 256. 59 -> (64, 0), 111 -> (128, 0), 224 -> (256, 0): a split would not be narrower."""
+    padded = head_dim_block(head_dim)
+    main = padded // 2
+    if SPLIT_HEAD_DIM and main >= 16:
+        tail = max(16, next_power_of_2(head_dim - main))
+        if main + tail < padded:
+            return main, tail
+    return padded, 0
+
+
+def vector_width(head_dim: int, element_size: int, tensors) -> int:
+    """Largest power of two (in elements, at most VEC_BYTES) dividing head_dim and every stride but the
+    last of ``tensors``: row starts are then VEC-aligned (given 16-byte aligned base pointers, which Triton
+    checks on its own)."""
+    return math.gcd(VEC_BYTES // element_size, head_dim, *(s for t in tensors for s in t.stride()[:-1]))
 
 
 def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, window_right: int = -1,
@@ -211,19 +301,23 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
     if out.numel() == 0 or seqlen_q == 0:
         return out, lse.fill_(float("inf"))
 
-    block_d = head_dim_block(head_dim)
+    block_d, block_d2 = head_dim_split(head_dim)
     opts = kernel_options(head_dim=head_dim, block_d=block_d, softmax_scale=softmax_scale,
                           window_left=window_left, window_right=window_right, bottom_right=bottom_right,
                           softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
                           dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
                           cu_seqlens_k=cu_seqlens_k, dummy=out)
-    cfg = forward_config(block_d, q.dtype, windowed=window_left >= 0 or window_right >= 0,
-                         has_bias=attn_bias is not None)
+    # Positional: benchmarks replace forward_config with ``lambda *a: config``.
+    cfg = forward_config(block_d + block_d2, q.dtype, window_left >= 0 or window_right >= 0,
+                         attn_bias is not None, seqlen_q, seqlen_k, batch * nheads_q,
+                         132 if INTERPRET else sm_count(q.device))
+    flags = dict(opts.flags, BLOCK_D=block_d, EVEN_D=block_d2 > 0 or block_d == head_dim, BLOCK_D2=block_d2,
+                 VEC=vector_width(head_dim, q.element_size(), (q, k, v, out)))
     grid = (cdiv(seqlen_q, cfg["BLOCK_M"]), batch * nheads_q)
     _flash_fwd_kernel[grid](
         q, k, v, out, lse, *opts.pointers,
         *q_strides[:3], *k_strides[:3], *v_strides[:3], *o_strides[:3], *lse_strides, *opts.strides,
         nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, head_dim, *opts.scalars,
-        **opts.flags, **cfg,
+        **flags, **cfg,
     )
     return out, lse
