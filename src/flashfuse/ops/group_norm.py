@@ -21,6 +21,7 @@ to save the backward one read of a full residual; a broadcast residual is nearly
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_same, check_tensor
+from .._env import INTERPRET
 from ._custom_op import FlashfuseOp
 from ._triton import cdiv, next_power_of_2, sm_count
 from .group_norm_details._kernels import (
@@ -36,9 +38,10 @@ from .group_norm_details._kernels import (
     _group_norm_fwd_kernel,
     _group_norm_fwd_stats_kernel,
 )
+from .group_norm_details._resident import _group_norm_bwd_resident_kernel, _group_norm_fwd_resident_kernel
 
 ACTIVATIONS = {"none": 0, "silu": 1, "mish": 2, "gelu": 3}      # codes of group_norm_details/_kernels.py
-MODE_ONE_TILE, MODE_LOOP, MODE_SPLIT = 0, 1, 2
+MODE_ONE_TILE, MODE_LOOP, MODE_SPLIT, MODE_RESIDENT = 0, 1, 2, 3
 
 # Largest group held in registers as one tile (BLOCK_C x BLOCK_HW, padded to powers of 2). Forward: 16384
 # values on 16 warps are 32 fp32 per thread, as norm.py's 16384-column rows (no spills on sm_90). Backward
@@ -60,6 +63,27 @@ FWD_ELEMENTS_PER_WARP, BWD_ELEMENTS_PER_WARP, LOOP_ELEMENTS_PER_WARP, MAX_WARPS 
 # tensor small enough to leave SMs idle usually does: (2, 320, 64, 64) bf16 is 5 MiB).
 SPLIT_BELOW_GROUPS_PER_SM, SPLIT_PROGRAMS_PER_SM, MIN_CHUNK_ELEMENTS = 2, 4, 2048
 INTERPRETER_SMS = 1   # in the interpreter (tests raise it to force SPLIT)
+
+# RESIDENT mode (group_norm_details/_resident.py): every group that does not fit ONE_TILE, and every
+# channels_last group, is cut into register-resident chunks; x is read once. Arithmetic for the defaults
+# (H200: 132 SMs, 64K registers and ~32 GB/s of HBM per SM):
+# - a forward chunk of 16384 elements on 16 warps is 32 fp32 per thread: ptxas (sm_90, triton 3.6) puts
+#   the kernel at 121-128 registers (a few spilled words in two NCHW chunkings), so one program per SM
+#   (maxnreg 128). Its one burst of loads is 32 KB of bf16 per SM in flight, above the ~26 KB that
+#   Little's law asks of HBM3e (32 GB/s x ~0.8 us). The backward holds s and dy: 8192 elements.
+#   (2 programs per SM at half the chunk need maxnreg 64: ptxas spilled 40-570 bytes; a tune variant.)
+# - SD's (8, 320, 128, 128) then runs 10 chunks per group in ~20 rounds of 130 programs: per round and
+#   SM 32 KB read + 32 KB written (~2 us of HBM time) against one counter round trip (~1 us) that the
+#   posted stores of the previous round partly hide.
+RESIDENT_CHUNK_FWD, RESIDENT_CHUNK_BWD = 16384, 8192
+RESIDENT_ELEMENTS_PER_WARP_FWD, RESIDENT_ELEMENTS_PER_WARP_BWD = 1024, 512   # 32 / 16 (x2 tensors) per lane
+RESIDENT_PROGRAMS_PER_SM = 1        # per 16 warps (smaller chunks: proportionally more, same registers)
+# channels_last: a unit of GB groups is one contiguous run of GB x C/G channels per pixel; at least 64
+# bytes (two 32-byte sectors) so that runs do not waste most of each sector fetched.
+RESIDENT_MIN_RUN_BYTES = 64
+RESIDENT_SYNC = True   # one launch with the in-kernel counter meeting (False: two launches, x read twice)
+USE_RESIDENT = True    # False: the LOOP / SPLIT modes below for large groups (kept for the tune script)
+SPIN_LIMIT = 1 << 21   # ~1 s of polling before a unit gives up with NaN statistics (never in a sound launch)
 
 
 class _Plan(NamedTuple):
@@ -105,6 +129,114 @@ def _plan(n: int, groups: int, cpg: int, hw: int, channels_contiguous: bool, one
     mode = MODE_SPLIT if n_chunks > 1 else MODE_LOOP
     return _Plan(mode, block_c, block_hw, chunk_hw, n_chunks,
                  min(MAX_WARPS, max(1, block_c * block_hw // LOOP_ELEMENTS_PER_WARP)))
+
+
+class _ResidentPlan(NamedTuple):
+    gb: int              # groups per unit
+    block_c: int
+    block_hw: int
+    block_g: int
+    n_cblocks: int
+    n_pblocks: int
+    n_units: int
+    programs: int        # grid; 0: two launches (phase 1, phase 2) of one program per item
+    num_warps: int
+    maxnreg: int         # 0: none (interpreter, two-launch)
+
+
+def _use_resident(n: int, groups: int, cpg: int, hw: int, channels_contiguous: bool, one_tile: int,
+                  device: torch.device) -> bool:
+    """RESIDENT for groups too large for one tile, for channels_last (long contiguous runs instead of
+    C/G-channel runs) and for too few groups to fill the SMs."""
+    if not USE_RESIDENT:
+        return False
+    big = next_power_of_2(cpg) * next_power_of_2(hw) > one_tile
+    return big or channels_contiguous or n * groups < _num_sms(device)
+
+
+def _resident_plan(n: int, groups: int, cpg: int, hw: int, channels_contiguous: bool, elt_bytes: int,
+                   forward: bool, device: torch.device) -> _ResidentPlan:
+    chunk = RESIDENT_CHUNK_FWD if forward else RESIDENT_CHUNK_BWD
+    per_warp = RESIDENT_ELEMENTS_PER_WARP_FWD if forward else RESIDENT_ELEMENTS_PER_WARP_BWD
+    sync = RESIDENT_SYNC and device.type == "cuda"
+    return _resident_plan_cached(n, groups, cpg, hw, channels_contiguous, elt_bytes, chunk, per_warp,
+                                 RESIDENT_PROGRAMS_PER_SM, RESIDENT_MIN_RUN_BYTES, sync, _num_sms(device))
+
+
+@functools.lru_cache(maxsize=1024)
+def _resident_plan_cached(n, groups, cpg, hw, channels_contiguous, elt_bytes, chunk, per_warp, pps16,
+                          min_run_bytes, sync, sms) -> _ResidentPlan:
+    """Units, chunk tile and grid (cached per shape: the eager host path runs it every call)."""
+    if channels_contiguous:
+        # the unit size with the least register padding among runs of >= min_run_bytes (ties: fewer groups)
+        best = None
+        for gb in range(1, groups + 1):
+            width = next_power_of_2(gb * cpg)
+            if width > chunk or (gb * cpg * elt_bytes < min_run_bytes and gb < groups):
+                continue
+            eff = groups * cpg / (cdiv(groups, gb) * width)
+            if best is None or eff > best[0]:
+                best = (eff, gb, width)
+        if best is None:
+            best = (0, 1, next_power_of_2(cpg))
+        _, gb, block_c = best
+        block_c = min(block_c, chunk)
+        block_hw = max(1, min(next_power_of_2(hw), chunk // block_c))
+        n_cblocks = cdiv(gb * cpg, block_c)
+    else:
+        # one group per unit; a pixel run as long as the chunk allows, then the channel block (a power of
+        # 2, masked past the group) that cuts the group into the fewest chunks
+        gb = 1
+        block_hw = min(next_power_of_2(hw), chunk)
+        block_c, n_cblocks = 1, cpg
+        bc = 2
+        while bc <= min(next_power_of_2(cpg), chunk // block_hw):
+            if cdiv(cpg, bc) < n_cblocks:
+                block_c, n_cblocks = bc, cdiv(cpg, bc)
+            bc *= 2
+    n_pblocks = cdiv(hw, block_hw)
+    k = n_cblocks * n_pblocks
+    n_units = n * cdiv(groups, gb)
+    warps = min(MAX_WARPS, max(1, block_c * block_hw // per_warp))
+    # programs per SM at equal threads per SM; maxnreg makes that many fit in the 64K registers
+    pps = max(1, min(16, pps16 * 16 // warps))
+    maxnreg = min(255, 65536 // (pps * warps * 32)) // 8 * 8
+    programs = 0
+    items = n_units * k
+    if sync or k == 1:
+        # one launch: the k programs of a unit must be co-resident (a multiple of k programs in the grid,
+        # at most what the SMs hold). In the interpreter only k == 1 (it runs programs one at a time).
+        cap = sms * pps // k * k
+        if cap > 0:
+            programs = min(items, cap)
+    if not sync:
+        maxnreg = 0
+    return _ResidentPlan(gb, block_c, block_hw, next_power_of_2(gb), n_cblocks, n_pblocks, n_units, programs,
+                         warps, maxnreg)
+
+
+_COUNTERS: dict = {}
+
+
+def _counters(device: torch.device, size: int) -> Tensor:
+    """Per-unit arrival counters (int32, zero between launches: the kernels reset them), one buffer per
+    device and stream (two streams must not share counters). Grown, never freed: a captured CUDA graph
+    keeps using the buffer it saw."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < size:
+        buf = torch.zeros(max(size, 4096, 0 if buf is None else 2 * buf.numel()), dtype=torch.int32,
+                          device=device)
+        _COUNTERS.setdefault(("old",) + key, []).append(_COUNTERS.get(key))
+        _COUNTERS[key] = buf
+    return buf
+
+
+def _launch_opts(plan: _ResidentPlan) -> dict:
+    opts = dict(num_warps=plan.num_warps)
+    if plan.maxnreg and not INTERPRET:
+        opts["maxnreg"] = plan.maxnreg
+    return opts
 
 
 def _alloc(shape, dtype, device) -> Tensor:
@@ -169,6 +301,11 @@ def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = No
         return y, mean.zero_(), rstd.zero_()
     r = x if residual is None else _expand_residual(residual, x)
     sx, sr, sy = _nchw_strides(x), _nchw_strides(r), _nchw_strides(y)
+    cl = sx[1] == 1 and hw > 1
+    if _use_resident(n, num_groups, cpg, hw, cl, ONE_TILE_FWD, x.device):
+        _forward_resident(x, r, weight, bias, y, mean, rstd, residual is not None, num_groups, eps, activation,
+                          (n, hw, cpg, cl), sx, sr, sy)
+        return y, mean, rstd
     plan = _plan(n, num_groups, cpg, hw, sx[1] == 1 and hw > 1, ONE_TILE_FWD, FWD_ELEMENTS_PER_WARP, x.device)
     grid = (n * num_groups, plan.n_chunks)
     part = mean  # stands in when there are no partials (never touched: MODE is not SPLIT)
@@ -188,6 +325,55 @@ def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = No
     return y, mean, rstd
 
 
+def _forward_resident(x, r, weight, bias, y, mean, rstd, has_residual, num_groups, eps, activation, geo,
+                      sx, sr, sy):
+    n, hw, cpg, cl = geo
+    plan = _resident_plan(n, num_groups, cpg, hw, cl, x.element_size(), True, x.device)
+    k = plan.n_cblocks * plan.n_pblocks
+    part = _alloc((plan.n_units, k, plan.block_g, 3), torch.float32, x.device)
+    dummy = x  # stands in for absent weight / bias (HAS_* is False: never touched)
+    counter = _counters(x.device, plan.n_units) if plan.programs else mean
+    args = (x, r, dummy if weight is None else weight, dummy if bias is None else bias, y, part, counter, mean,
+            rstd, hw, cpg, num_groups, plan.gb, cdiv(num_groups, plan.gb), k, plan.n_cblocks, plan.n_units * k,
+            SPIN_LIMIT, *sx, *sr, *sy, float(eps))
+    flags = dict(HAS_RESIDUAL=has_residual, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+                 ACTIVATION=ACTIVATIONS[activation], BLOCK_C=plan.block_c, BLOCK_HW=plan.block_hw,
+                 BLOCK_G=plan.block_g, BLOCK_K=next_power_of_2(k), **_launch_opts(plan))
+    if plan.programs:
+        _group_norm_fwd_resident_kernel[(plan.programs,)](*args, PHASE=0, **flags)
+    else:
+        for phase in (1, 2):
+            _group_norm_fwd_resident_kernel[(plan.n_units * k,)](*args, PHASE=phase, **flags)
+
+
+def _backward_resident(dy, x, r, weight, bias, mean, rstd, dx, has_residual, num_groups, activation, compute_dw,
+                       compute_db, dres_in_kernel):
+    """(dw_part, db_part, dres_part), each [N, pixel blocks, C] fp32 or None; dx written in place."""
+    n, c, hw, cpg = _geometry(x, num_groups)
+    sx, sr, sdy, sdx = _nchw_strides(x), _nchw_strides(r), _nchw_strides(dy), _nchw_strides(dx)
+    plan = _resident_plan(n, num_groups, cpg, hw, sx[1] == 1 and hw > 1, x.element_size(), False, x.device)
+    k = plan.n_cblocks * plan.n_pblocks
+    parts = [_alloc((n, plan.n_pblocks, c), torch.float32, x.device) if want else None
+             for want in (compute_dw, compute_db, dres_in_kernel)]
+    dummy = mean  # stands in for absent tensors (their HAS_* / COMPUTE_* is False: never touched)
+    sums = _alloc((plan.n_units, k, plan.block_g, 2), torch.float32, x.device)
+    counter = _counters(x.device, plan.n_units) if plan.programs else mean
+    args = (x, r, dy, dummy if weight is None else weight, dummy if bias is None else bias, mean, rstd, sums,
+            counter, dx, *(dummy if t is None else t for t in parts), c, hw, cpg, num_groups, plan.gb,
+            cdiv(num_groups, plan.gb), k, plan.n_cblocks, plan.n_units * k, SPIN_LIMIT, float(cpg * hw),
+            *sx, *sr, *sdy, *sdx)
+    flags = dict(HAS_RESIDUAL=has_residual, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+                 ACTIVATION=ACTIVATIONS[activation], COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+                 HAS_DRES=dres_in_kernel, BLOCK_C=plan.block_c, BLOCK_HW=plan.block_hw, BLOCK_G=plan.block_g,
+                 BLOCK_K=next_power_of_2(k), **_launch_opts(plan))
+    if plan.programs:
+        _group_norm_bwd_resident_kernel[(plan.programs,)](*args, PHASE=0, **flags)
+    else:
+        for phase in (1, 2):
+            _group_norm_bwd_resident_kernel[(plan.n_units * k,)](*args, PHASE=phase, **flags)
+    return parts
+
+
 def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation, compute_dw, compute_db,
               compute_dres):
     """(dx, dw or None, db or None, dresidual reduced in the kernel or None): see group_norm_backward."""
@@ -195,6 +381,13 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
     dy = _as_nchw(dy)
     dx = _alloc_like(x)
     dres_in_kernel = compute_dres and _dres_in_kernel(x, residual)
+    if x.numel() > 0 and _use_resident(n, num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD,
+                                       x.device):
+        r = x if residual is None else _expand_residual(residual, x)
+        dw_part, db_part, dres_part = _backward_resident(
+            dy, x, r, weight, bias, mean, rstd, dx, residual is not None, num_groups, activation, compute_dw,
+            compute_db, dres_in_kernel)
+        return dx, *_reduce_parts(x, residual, weight, bias, n, c, dw_part, db_part, dres_part)
     plan = _plan(n, num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD, BWD_ELEMENTS_PER_WARP,
                  x.device)
     k = plan.n_chunks
@@ -222,13 +415,18 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
             dummy if db_part is None else db_part, dummy if dres_part is None else dres_part,
             c, hw, cpg, num_groups, plan.chunk_hw, k, float(cpg * hw), *sx, *sr, *sdy, *sdx,
             MODE=plan.mode, HAS_DRES=dres_in_kernel, BLOCK_K=next_power_of_2(k), **flags)
-    dw = dw_part.sum((0, 1)).to(weight.dtype) if compute_dw else None
-    db = db_part.sum((0, 1)).to(bias.dtype) if compute_db else None
+    return dx, *_reduce_parts(x, residual, weight, bias, n, c, dw_part, db_part, dres_part)
+
+
+def _reduce_parts(x, residual, weight, bias, n, c, dw_part, db_part, dres_part):
+    """dw, db, dresidual from the kernels' fp32 partials [N, chunks, C] (None where not computed)."""
+    dw = None if dw_part is None else dw_part.sum((0, 1)).to(weight.dtype)
+    db = None if db_part is None else db_part.sum((0, 1)).to(bias.dtype)
     dres = None
-    if dres_in_kernel:
+    if dres_part is not None:
         spatial_ones = (1,) * (x.dim() - 2)
         dres = dres_part.sum(1).view(n, c, *spatial_ones).sum_to_size(residual.shape).to(residual.dtype)
-    return dx, dw, db, dres
+    return dw, db, dres
 
 
 def group_norm_backward(dy: Tensor, x: Tensor, num_groups: int, weight: Optional[Tensor], bias: Optional[Tensor],
