@@ -11,6 +11,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_llama_rope
 from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb as hf_phi3_rope
 
+import flashfuse.ops.rope as rope_ops
 from flashfuse.nn.rope import RotaryEmbedding
 from flashfuse.ops.rope import (apply_rotary_emb, apply_rotary_emb_qk, apply_rotary_pos_emb,
                                 rotary_backward, rotary_forward)
@@ -213,6 +214,43 @@ def test_backward_launcher_writes_every_element(device):
     for name, out, g in (("dx", dx, dy), ("dx_k", dx_k, dy_k)):
         ref = apply_rotary_emb_ref(g.double(), cos.double(), -sin.double(), True, seqlen_offsets=3)
         assert_close(name, out, ref, F32)
+
+
+# (TILE_ELEMENTS, TILES_PER_PROGRAM, PREFETCH): with 8 rotary + 32 pass-through features a tile of 64
+# elements holds 1 head, 128 holds 2; tiles of x (5 heads) then of y (3 heads) per token.
+SCHEDULES = [
+    (64, 0, True),       # one program per token looping over 8 one-head tiles, the next tile prefetched
+    (128, 3, True),      # groups of 3 two-head tiles (3 + 2 per token): x and y tiles in one group
+    (128, 2, False),     # groups of 2, no prefetch
+    (1024, 1, False),    # one program per (token, tile), a tile holding all heads of x or of y
+]
+
+
+@pytest.mark.parametrize("tile,tiles_per_program,prefetch", SCHEDULES)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_tile_schedules(device, monkeypatch, tile, tiles_per_program, prefetch, interleaved):
+    """The launch knobs the tune script sweeps on the GPU: every schedule writes every element of both
+    tensors (NaN-poisoned outputs; x and y with different head counts and head dims, pass-through
+    features), in place on a packed varlen batch, and its backward is the rotation by -theta."""
+    monkeypatch.setattr(rope_ops, "TILE_ELEMENTS", tile)
+    monkeypatch.setattr(rope_ops, "TILES_PER_PROGRAM", tiles_per_program)
+    monkeypatch.setattr(rope_ops, "PREFETCH", prefetch)
+    x = torch.randn(2, 5, 5, 40, device=device)
+    y = torch.randn(2, 5, 3, 24, device=device)
+    cos, sin = tables(8, 9, device)
+    for conjugate in (False, True):
+        out, out_y = torch.full_like(x, float("nan")), torch.full_like(y, float("nan"))
+        rotary_forward(x, cos, sin, out, y=y, out_y=out_y, rotary_dim=8, interleaved=interleaved,
+                       conjugate=conjugate, seqlen_offset=2)
+        s = -sin.double() if conjugate else sin.double()
+        for name, o, t in (("out", out, x), ("out_y", out_y, y)):
+            assert_close(name, o, apply_rotary_emb_ref(t.double(), cos.double(), s, interleaved,
+                                                       seqlen_offsets=2), F32)
+    cu = torch.tensor([0, 1, 7], dtype=torch.int32, device=device)
+    packed = torch.randn(7, 5, 40, device=device)
+    expected = apply_rotary_emb_ref(packed.double(), cos.double(), sin.double(), interleaved, cu_seqlens=cu)
+    apply_rotary_emb(packed, cos, sin, interleaved, inplace=True, cu_seqlens=cu, max_seqlen=6)
+    assert_close("in place, varlen", packed, expected, F32)
 
 
 def test_double_backward(device):

@@ -43,10 +43,96 @@ MAX_GRID_BATCH = 65535        # CUDA's limit on grid dim 1, where the batch (or 
 # which is the forward with (s1, s2) -> (-s2, -s1): CONJUGATE=True. With c1 = c2 and s1 = s2 that is
 # the rotation by -theta. No gradient flows to cos / sin (tables are constants, as in flash-attn / HF).
 #
-# Tiling: one program per (token, tile of BLOCK_H heads): grid = (seqlen, batch, tiles of x + tiles of y),
-# so q and k of a pair (GQA: any head counts) go in one launch. A program reads its token's cos/sin row
-# (once per tile, from L2), x's tile once and writes the output once, in fp32 arithmetic. A position
-# outside the cos/sin table gives NaN (a visible error instead of flash-attn's silent identity rotation).
+# Tiling: a token's heads of x, then of y (q and k of a pair, GQA: any head counts), are cut into tiles
+# of BLOCK_H heads. One program takes one token and tiles_per_program consecutive tiles of it (all of
+# them by default): it reads the token's cos/sin row once, then loops over its tiles, loading tile t + 1
+# before rotating and storing tile t (PREFETCH), so two tiles' loads are in flight at every step. Grid:
+# (tokens x tile groups, batch), the groups of one token adjacent, so that a token's cos/sin row is read
+# from HBM once even when it is split over several programs. Each element of x is read once and each of
+# out written once, in fp32 arithmetic. A position outside the cos/sin table gives NaN (a visible error
+# instead of flash-attn's silent identity rotation).
+
+
+@triton.jit
+def _tile_pointers(X, OUT, Y, OUT_Y, i_b, row, t, t_end, tiles_x, nheads_x, nheads_y, headdim_x, headdim_y,
+                   stride_x_batch, stride_x_seq, stride_x_head,
+                   stride_out_batch, stride_out_seq, stride_out_head,
+                   stride_y_batch, stride_y_seq, stride_y_head,
+                   stride_outy_batch, stride_outy_seq, stride_outy_head,
+                   HAS_Y: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Tile t of a token: heads [h0, h0 + BLOCK_H) of x, or of y for t >= tiles_x (x and y share a dtype,
+    so a pointer select replaces a branch). Returns input and output pointers [BLOCK_H, 1], the head
+    mask [BLOCK_H] (all False for t >= t_end) and the tile's headdim."""
+    p_x = X + i_b * stride_x_batch + row * stride_x_seq
+    p_out = OUT + i_b * stride_out_batch + row * stride_out_seq
+    if HAS_Y:
+        is_x = t < tiles_x
+        p_x = tl.where(is_x, p_x, Y + i_b * stride_y_batch + row * stride_y_seq)
+        p_out = tl.where(is_x, p_out, OUT_Y + i_b * stride_outy_batch + row * stride_outy_seq)
+        nheads = tl.where(is_x, nheads_x, nheads_y)
+        headdim = tl.where(is_x, headdim_x, headdim_y)
+        stride_in_h = tl.where(is_x, stride_x_head, stride_y_head)
+        stride_o_h = tl.where(is_x, stride_out_head, stride_outy_head)
+        h0 = tl.where(is_x, t, t - tiles_x) * BLOCK_H
+    else:
+        nheads, headdim, stride_in_h, stride_o_h, h0 = nheads_x, headdim_x, stride_x_head, stride_out_head, \
+            t * BLOCK_H
+    o_h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)                       # [BLOCK_H]
+    m_h = o_h < tl.where(t < t_end, nheads, 0)
+    return p_x + o_h[:, None] * stride_in_h, p_out + o_h[:, None] * stride_o_h, m_h, headdim
+
+
+@triton.jit
+def _load_tile(p_xh, m_h, headdim, rotary_dim, INTERLEAVED: tl.constexpr, COPY_PASS: tl.constexpr,
+               BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr):
+    """The tile's features in x's dtype: (first halves [BLOCK_H, BLOCK_K], second halves, pass-through
+    [BLOCK_H, BLOCK_P]) for GPT-NeoX; for GPT-J the rotary features [BLOCK_H, 2 BLOCK_K] twice (one
+    contiguous load, split into even and odd members in registers: two stride-2 accesses do not
+    vectorize, 14x slower on an H200)."""
+    rotary_half = rotary_dim // 2
+    o_k = tl.arange(0, BLOCK_K)                                           # [BLOCK_K] pair index
+    if INTERLEAVED:
+        o_r = tl.arange(0, 2 * BLOCK_K)                                   # [2 BLOCK_K]
+        b_a = tl.load(p_xh + o_r[None, :], mask=m_h[:, None] & (o_r < rotary_dim)[None, :], other=0.0)
+        b_b = b_a
+    else:
+        m_r = m_h[:, None] & (o_k < rotary_half)[None, :]                 # [BLOCK_H, BLOCK_K]
+        b_a = tl.load(p_xh + o_k[None, :], mask=m_r, other=0.0)
+        b_b = tl.load(p_xh + rotary_half + o_k[None, :], mask=m_r, other=0.0)
+    if COPY_PASS:                                                         # features past rotary_dim
+        o_p = rotary_dim + tl.arange(0, BLOCK_P)                          # [BLOCK_P]
+        b_p = tl.load(p_xh + o_p[None, :], mask=m_h[:, None] & (o_p < headdim)[None, :], other=0.0)
+    else:
+        b_p = tl.zeros([BLOCK_P], dtype=p_xh.dtype.element_ty)
+    return b_a, b_b, b_p
+
+
+@triton.jit
+def _rotate_store(b_a, b_b, b_p, c1, c2, s1, s2, p_oh, m_h, headdim, rotary_dim, INTERLEAVED: tl.constexpr,
+                  COPY_PASS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+                  BLOCK_P: tl.constexpr):
+    """Rotate a tile loaded by _load_tile (c1, c2, s1, s2: [BLOCK_K] fp32) and store it through p_oh."""
+    rotary_half = rotary_dim // 2
+    o_k = tl.arange(0, BLOCK_K)
+    if INTERLEAVED:
+        b_a, b_b = tl.split(tl.reshape(b_a.to(tl.float32), (BLOCK_H, BLOCK_K, 2)))  # [BLOCK_H, BLOCK_K]
+    else:
+        b_a, b_b = b_a.to(tl.float32), b_b.to(tl.float32)
+    b_a2 = b_a * c1[None, :] - b_b * s1[None, :]
+    b_b2 = b_b * c2[None, :] + b_a * s2[None, :]
+    if INTERLEAVED:
+        o_r = tl.arange(0, 2 * BLOCK_K)
+        b_y = tl.reshape(tl.join(b_a2, b_b2), (BLOCK_H, 2 * BLOCK_K))
+        tl.store(p_oh + o_r[None, :], b_y.to(p_oh.dtype.element_ty),
+                 mask=m_h[:, None] & (o_r < rotary_dim)[None, :])
+    else:
+        m_r = m_h[:, None] & (o_k < rotary_half)[None, :]
+        tl.store(p_oh + o_k[None, :], b_a2.to(p_oh.dtype.element_ty), mask=m_r)
+        tl.store(p_oh + rotary_half + o_k[None, :], b_b2.to(p_oh.dtype.element_ty), mask=m_r)
+    if COPY_PASS:
+        o_p = rotary_dim + tl.arange(0, BLOCK_P)
+        tl.store(p_oh + o_p[None, :], b_p.to(p_oh.dtype.element_ty),
+                 mask=m_h[:, None] & (o_p < headdim)[None, :])
 
 
 @triton.jit(do_not_specialize=["seqlen_offset"])
@@ -56,7 +142,7 @@ def _rotary_kernel(
     CU_SEQLENS, SEQLEN_OFFSETS, POSITION_IDS,   # [batch + 1] int32, [batch] int, [batch, seqlen] int
     seqlen, seqlen_ro, nheads_x, nheads_y, headdim_x, headdim_y, rotary_dim, seqlen_offset,
     cos_half_offset,                  # elements from c1 to c2 in a cos row: rotary_dim / 2 (HF) or 0
-    tiles_x,                          # head tiles of x; grid dim 2 holds tiles_x + tiles_y
+    tiles_x, n_tiles, n_groups, tiles_per_program,   # head tiles: of x, of x and y; groups per token
     stride_x_batch, stride_x_seq, stride_x_head,
     stride_out_batch, stride_out_seq, stride_out_head,
     stride_y_batch, stride_y_seq, stride_y_head,
@@ -65,11 +151,13 @@ def _rotary_kernel(
     stride_pos_batch, stride_pos_seq,
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_Y: tl.constexpr,
     HAS_OFFSETS: tl.constexpr, HAS_POSITION_IDS: tl.constexpr, COPY_PASS: tl.constexpr,
+    PREFETCH: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
-    i_m = tl.program_id(0).to(tl.int64)                                   # token index in its sequence
+    i_mg = tl.program_id(0).to(tl.int64)
+    i_m = i_mg // n_groups                                                # token index in its sequence
+    i_g = i_mg % n_groups                                                 # tile group of that token
     i_b = tl.program_id(1).to(tl.int64)                                   # batch / sequence index
-    i_t = tl.program_id(2)                                                # head tile (x's, then y's)
     if IS_VARLEN:                                                         # packed rows; stride_*_batch = 0
         start = tl.load(CU_SEQLENS + i_b).to(tl.int64)
         seqlen = tl.load(CU_SEQLENS + i_b + 1).to(tl.int64) - start
@@ -78,48 +166,16 @@ def _rotary_kernel(
     if i_m >= seqlen:
         return
     row = start + i_m
+    t0 = (i_g * tiles_per_program).to(tl.int32)
+    t_end = tl.minimum(t0 + tiles_per_program, n_tiles)
 
-    # This program's tile: heads [h0, h0 + BLOCK_H) of x, or of y for the tiles past x's (x and y share
-    # a dtype, so one pointer select replaces a branch and the loads below come first, unconditionally).
-    p_x = X + i_b * stride_x_batch + row * stride_x_seq
-    p_out = OUT + i_b * stride_out_batch + row * stride_out_seq
-    if HAS_Y:
-        is_x = i_t < tiles_x
-        p_x = tl.where(is_x, p_x, Y + i_b * stride_y_batch + row * stride_y_seq)
-        p_out = tl.where(is_x, p_out, OUT_Y + i_b * stride_outy_batch + row * stride_outy_seq)
-        nheads = tl.where(is_x, nheads_x, nheads_y)
-        headdim = tl.where(is_x, headdim_x, headdim_y)
-        stride_in_h = tl.where(is_x, stride_x_head, stride_y_head)
-        stride_o_h = tl.where(is_x, stride_out_head, stride_outy_head)
-        h0 = tl.where(is_x, i_t, i_t - tiles_x) * BLOCK_H
-    else:
-        nheads, headdim, stride_in_h, stride_o_h, h0 = nheads_x, headdim_x, stride_x_head, stride_out_head, \
-            i_t * BLOCK_H
-    o_h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)                       # [BLOCK_H]
-    m_h = o_h < nheads
-    p_xh = p_x + o_h[:, None] * stride_in_h                               # [BLOCK_H, 1]
-    p_oh = p_out + o_h[:, None] * stride_o_h
-
-    # Loads first: the tile of x, then cos/sin, all in flight together (cos/sin are consumed only after
-    # the last load is issued, so their latency overlaps x's instead of adding to it).
-    rotary_half = rotary_dim // 2
-    o_k = tl.arange(0, BLOCK_K)                                           # [BLOCK_K] pair index
-    m_k = o_k < rotary_half
-    if INTERLEAVED:
-        # GPT-J pairs (x[2i], x[2i + 1]): one contiguous load of the rotary features, split into even and
-        # odd members in registers (two stride-2 accesses do not vectorize: 14x slower on an H200).
-        o_r = tl.arange(0, 2 * BLOCK_K)                                   # [2 BLOCK_K]
-        m_r = m_h[:, None] & (o_r < rotary_dim)[None, :]                  # [BLOCK_H, 2 BLOCK_K]
-        b_x = tl.load(p_xh + o_r[None, :], mask=m_r, other=0.0)
-    else:
-        # GPT-NeoX pairs (x[i], x[i + R/2]): one contiguous load per half.
-        m_r = m_h[:, None] & m_k[None, :]                                 # [BLOCK_H, BLOCK_K]
-        b_a = tl.load(p_xh + o_k[None, :], mask=m_r, other=0.0)
-        b_b = tl.load(p_xh + rotary_half + o_k[None, :], mask=m_r, other=0.0)
-    if COPY_PASS:                                                         # features past rotary_dim
-        o_p = rotary_dim + tl.arange(0, BLOCK_P)                          # [BLOCK_P]
-        m_p = m_h[:, None] & (o_p < headdim)[None, :]                     # [BLOCK_H, BLOCK_P]
-        b_p = tl.load(p_xh + o_p[None, :], mask=m_p, other=0.0)
+    # The first tile's loads are issued before the cos/sin row's, so their latencies overlap.
+    p_xh, p_oh, m_h, headdim = _tile_pointers(
+        X, OUT, Y, OUT_Y, i_b, row, t0, t_end, tiles_x, nheads_x, nheads_y, headdim_x, headdim_y,
+        stride_x_batch, stride_x_seq, stride_x_head, stride_out_batch, stride_out_seq, stride_out_head,
+        stride_y_batch, stride_y_seq, stride_y_head, stride_outy_batch, stride_outy_seq, stride_outy_head,
+        HAS_Y, BLOCK_H)
+    b_a, b_b, b_p = _load_tile(p_xh, m_h, headdim, rotary_dim, INTERLEAVED, COPY_PASS, BLOCK_K, BLOCK_P)
 
     if HAS_POSITION_IDS:
         pos = tl.load(POSITION_IDS + i_b * stride_pos_batch + row * stride_pos_seq).to(tl.int64)
@@ -131,6 +187,8 @@ def _rotary_kernel(
     pos_safe = tl.where(in_table, pos, 0)                                 # read row 0, then poison below
     p_cos = COS + i_b * stride_cos_batch + pos_safe * stride_cos_seq
     p_sin = SIN + i_b * stride_sin_batch + pos_safe * stride_sin_seq
+    o_k = tl.arange(0, BLOCK_K)                                           # [BLOCK_K] pair index
+    m_k = o_k < rotary_dim // 2
     c1 = tl.load(p_cos + o_k, mask=m_k, other=0.0).to(tl.float32)         # [BLOCK_K] each, fp32
     c2 = tl.load(p_cos + cos_half_offset + o_k, mask=m_k, other=0.0).to(tl.float32)
     s1 = tl.load(p_sin + o_k, mask=m_k, other=0.0).to(tl.float32)
@@ -140,34 +198,47 @@ def _rotary_kernel(
     if CONJUGATE:                                                         # transpose of the 2x2 block
         s1, s2 = -s2, -s1
 
-    if INTERLEAVED:
-        b_a, b_b = tl.split(tl.reshape(b_x.to(tl.float32), (BLOCK_H, BLOCK_K, 2)))  # [BLOCK_H, BLOCK_K]
-    else:
-        b_a, b_b = b_a.to(tl.float32), b_b.to(tl.float32)
-    b_a2 = b_a * c1[None, :] - b_b * s1[None, :]
-    b_b2 = b_b * c2[None, :] + b_a * s2[None, :]
-    if INTERLEAVED:
-        b_y = tl.reshape(tl.join(b_a2, b_b2), (BLOCK_H, 2 * BLOCK_K))
-        tl.store(p_oh + o_r[None, :], b_y.to(p_out.dtype.element_ty), mask=m_r)
-    else:
-        tl.store(p_oh + o_k[None, :], b_a2.to(p_out.dtype.element_ty), mask=m_r)
-        tl.store(p_oh + rotary_half + o_k[None, :], b_b2.to(p_out.dtype.element_ty), mask=m_r)
-    if COPY_PASS:
-        tl.store(p_oh + o_p[None, :], b_p.to(p_out.dtype.element_ty), mask=m_p)
+    for t in range(t0, t_end):
+        if PREFETCH:
+            # Tile t + 1's loads go out before tile t is rotated and stored (masked off at t_end).
+            p_xn, p_on, m_hn, headdim_n = _tile_pointers(
+                X, OUT, Y, OUT_Y, i_b, row, t + 1, t_end, tiles_x, nheads_x, nheads_y, headdim_x, headdim_y,
+                stride_x_batch, stride_x_seq, stride_x_head, stride_out_batch, stride_out_seq,
+                stride_out_head, stride_y_batch, stride_y_seq, stride_y_head, stride_outy_batch,
+                stride_outy_seq, stride_outy_head, HAS_Y, BLOCK_H)
+            b_an, b_bn, b_pn = _load_tile(p_xn, m_hn, headdim_n, rotary_dim, INTERLEAVED,
+                                          COPY_PASS, BLOCK_K, BLOCK_P)
+        _rotate_store(b_a, b_b, b_p, c1, c2, s1, s2, p_oh, m_h, headdim, rotary_dim, INTERLEAVED, COPY_PASS,
+                      BLOCK_H, BLOCK_K, BLOCK_P)
+        if PREFETCH:
+            b_a, b_b, b_p, p_oh, m_h, headdim = b_an, b_bn, b_pn, p_on, m_hn, headdim_n
+        else:
+            p_xh, p_oh, m_h, headdim = _tile_pointers(
+                X, OUT, Y, OUT_Y, i_b, row, t + 1, t_end, tiles_x, nheads_x, nheads_y, headdim_x, headdim_y,
+                stride_x_batch, stride_x_seq, stride_x_head, stride_out_batch, stride_out_seq,
+                stride_out_head, stride_y_batch, stride_y_seq, stride_y_head, stride_outy_batch,
+                stride_outy_seq, stride_outy_head, HAS_Y, BLOCK_H)
+            b_a, b_b, b_p = _load_tile(p_xh, m_h, headdim, rotary_dim, INTERLEAVED,
+                                       COPY_PASS, BLOCK_K, BLOCK_P)
 
 
 # ----------------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------------
 
-# Tile = [BLOCK_H heads, rotary + pass-through features] of one token, at most TILE_ELEMENTS elements.
-# Small tiles, many programs: each program's loads are all issued at once and a small register footprint
-# (32-54 registers, no spills) lets many programs share an SM, which keeps enough bytes in flight for HBM.
-# Measured on an H200, Llama shapes (16384 tokens, 32 q / 8 kv heads, hd 128, bf16), CUDA-graph timing:
-# 1024 elements at 4 warps per 1K gives 87% of copy bandwidth for the HF op (bf16 per-token tables) and
-# 89-93% with shared fp32 tables; 2048 / 4096-element tiles or 2 warps per 1K give 74-83% on the HF op.
+# Tile = [BLOCK_H heads, rotary + pass-through features] of one token, at most TILE_ELEMENTS elements:
+# 1024 at 4 warps per 1K (8 elements, one 16-byte bf16 access, per thread; 32-54 registers, no spills),
+# so many programs share an SM. Measured on an H200, Llama shapes (16384 tokens, 32 q / 8 kv heads,
+# hd 128, bf16), CUDA-graph timing, with one program per (token, tile) and the tiles of a token in grid
+# dim 2 (each tile's sweep over all tokens re-read the (batch, seqlen, 128) cos/sin tables, 8 MB, from
+# HBM: 4 x 8 MB extra against 335 MB of q and k): 87% of copy bandwidth for the HF op and 89-93% with
+# shared fp32 tables (2 MB, L2-resident); 2048 / 4096-element tiles or 2 warps per 1K gave 74-83%.
+# Now a program takes all the tiles of its token (TILES_PER_PROGRAM = 0: Liger's one program per token,
+# 91% on the same op), reads the cos/sin row once and keeps two tiles' loads in flight (PREFETCH).
 TILE_ELEMENTS = 1024
 WARPS_PER_1K = 4              # 4 warps per 1024 elements: 8 elements (one 16-byte bf16 access) per thread
+TILES_PER_PROGRAM = 0         # tiles of a token per program; 0 = all of them (one program per token)
+PREFETCH = True
 
 
 def _floor_pow2(n: int) -> int:
@@ -206,6 +277,9 @@ def rotary_forward(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, *, rotary_d
     block_h = min(next_power_of_2(max(x.shape[-2], heads_y)), _floor_pow2(TILE_ELEMENTS // width))
     num_warps = min(8, _floor_pow2(WARPS_PER_1K * block_h * width // 1024))
     tiles_x, tiles_y = cdiv(x.shape[-2], block_h), cdiv(heads_y, block_h)
+    n_tiles = tiles_x + tiles_y
+    tiles_per_program = n_tiles if TILES_PER_PROGRAM <= 0 else min(TILES_PER_PROGRAM, n_tiles)
+    n_groups = cdiv(n_tiles, tiles_per_program)
     cos_b, cos_s = (cos.stride(0), cos.stride(1)) if cos.dim() == 3 else (0, cos.stride(0))
     sin_b, sin_s = (sin.stride(0), sin.stride(1)) if sin.dim() == 3 else (0, sin.stride(0))
     if position_ids is not None:
@@ -213,16 +287,18 @@ def rotary_forward(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, *, rotary_d
     else:
         pos_b, pos_s = 0, 0
     y_, out_y_ = (y, out_y) if y is not None else (x, out)     # placeholders, unread when HAS_Y is False
-    _rotary_kernel[(seqlen, batch, tiles_x + tiles_y)](
+    _rotary_kernel[(seqlen * n_groups, batch)](
         x, out, y_, out_y_, cos, sin,
         cu_seqlens if varlen else cos, seqlen_offsets if seqlen_offsets is not None else cos,
         position_ids if position_ids is not None else cos,
         seqlen, cos.shape[-2], x.shape[-2], heads_y, x.shape[-1], dim_y, rotary_dim, int(seqlen_offset),
-        cos_half_offset, tiles_x, *_strides(x, varlen), *_strides(out, varlen), *_strides(y_, varlen),
-        *_strides(out_y_, varlen), cos_b, cos_s, sin_b, sin_s, pos_b, pos_s,
+        cos_half_offset, tiles_x, n_tiles, n_groups, tiles_per_program,
+        *_strides(x, varlen), *_strides(out, varlen), *_strides(y_, varlen), *_strides(out_y_, varlen),
+        cos_b, cos_s, sin_b, sin_s, pos_b, pos_s,
         INTERLEAVED=interleaved, CONJUGATE=conjugate, IS_VARLEN=varlen, HAS_Y=y is not None,
         HAS_OFFSETS=seqlen_offsets is not None, HAS_POSITION_IDS=position_ids is not None,
-        COPY_PASS=copy_pass, BLOCK_H=block_h, BLOCK_K=block_k, BLOCK_P=block_p, num_warps=num_warps)
+        COPY_PASS=copy_pass, PREFETCH=PREFETCH and tiles_per_program > 1, BLOCK_H=block_h, BLOCK_K=block_k,
+        BLOCK_P=block_p, num_warps=num_warps)
 
 
 def rotary_backward(dout: Tensor, cos: Tensor, sin: Tensor, dx: Tensor, **kwargs) -> None:
