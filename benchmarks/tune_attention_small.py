@@ -58,10 +58,10 @@ CANDIDATES = {
     "sd-l1-self": [cfg(128, 128, 8, 3), cfg(64, 128, 4, 2), cfg(128, 64, 4, 3)],
     "sd-l1-cross": [cfg(128, 128, 8, 2), cfg(64, 64, 4, 2), cfg(64, 128, 4, 1)],
     "sd-l2-self": [cfg(64, 128, 4, 3), cfg(128, 128, 8, 3), cfg(64, 64, 4, 3)],
-    "sd-l2-cross": [cfg(128, 128, 8, 2), cfg(64, 128, 4, 1)],
-    "sd-l3-self": [cfg(64, 64, 4, 2), cfg(32, 32, 4, 2), cfg(16, 64, 4, 2)],
-    "sd-l3-cross": [cfg(64, 64, 4, 2), cfg(32, 32, 4, 2)],
-    "sd-mid-self": [cfg(32, 32, 4, 2)],
+    "sd-l2-cross": [cfg(128, 128, 8, 2), cfg(64, 64, 4, 2)],
+    "sd-l3-self": [cfg(64, 64, 4, 2), cfg(16, 64, 4, 2), cfg(64, 32, 4, 2)],
+    "sd-l3-cross": [cfg(64, 64, 4, 2), cfg(16, 64, 4, 2)],
+    "sd-mid-self": [cfg(32, 32, 4, 2), cfg(64, 64, 4, 2)],
     "sd-mid-cross": [cfg(32, 32, 4, 2)],
     "guard-hd64": [],
     "guard-hd128": [],
@@ -93,10 +93,13 @@ class plan:
         flash_fwd.forward_config, flash_fwd.SPLIT_HEAD_DIM, flash_fwd.VEC_BYTES = self.saved
 
 
-def variants(name, dtype):
-    yield "default", plan()
+def variants(name, dtype, first_pass):
+    """First pass: what ships and what shipped before; second pass: padding and the candidates."""
+    if first_pass:
+        yield "default", plan()
+        yield "old", plan(config=old_config, split=False, vec_bytes=torch.empty((), dtype=dtype).element_size())
+        return
     yield "pad", plan(split=False)
-    yield "old", plan(config=old_config, split=False, vec_bytes=torch.empty((), dtype=dtype).element_size())
     for c in CANDIDATES[name]:
         yield "{BLOCK_M}x{BLOCK_N}x{num_warps}wx{num_stages}s".format(**c), plan(config=c)
 
@@ -110,11 +113,19 @@ def copy_ceiling_gbps():
     return 2 * src.numel() / ms * 1e-6
 
 
+# Attention calls of one SD-1.5 UNet forward at 64x64 latents (16 transformer blocks, each one self- and
+# one cross-attention): 32 calls, the profile's total.
+SD_CALLS = {"sd-l1-self": 5, "sd-l1-cross": 5, "sd-l2-self": 5, "sd-l2-cross": 5, "sd-l3-self": 5,
+            "sd-l3-cross": 5, "sd-mid-self": 1, "sd-mid-cross": 1}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="directory for results.json")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--only", default=None, help="comma-separated shape names")
+    ap.add_argument("--budget", type=float, default=80.0,
+                    help="seconds; past it the second pass (padding, candidates) stops")
     args = ap.parse_args()
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -124,74 +135,91 @@ def main():
     dtype = getattr(torch, args.dtype)
     ceiling = copy_ceiling_gbps()
     print(f"copy ceiling {ceiling:.0f} GB/s ({torch.cuda.get_device_name()})", flush=True)
-    rows, failures = [], []
-    only = set(args.only.split(",")) if args.only else None
+    rows, failures, skipped = [], [], []
+    shapes = [sh for sh in SHAPES if not args.only or sh[0] in args.only.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for name, batch, seqlen_q, seqlen_k, nheads, hd in SHAPES:
-        if only and name not in only:
-            continue
+    state = {}
+    for name, batch, seqlen_q, seqlen_k, nheads, hd in shapes:
         q = torch.randn(batch, seqlen_q, nheads, hd, device="cuda", dtype=dtype, generator=gen)
         k, v = (torch.randn(batch, seqlen_k, nheads, hd, device="cuda", dtype=dtype, generator=gen)
                 for _ in range(2))
         scale = 1.0 / math.sqrt(hd)
-        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))                     # (B, H, S, D) views
-        with sdpa_kernel(SDPBackend.MATH):
-            ref = F.scaled_dot_product_attention(qt.float(), kt.float(), vt.float(), scale=scale)
-        ref = ref.transpose(1, 2)                                               # (B, S, H, D)
-        flops = 4 * batch * nheads * seqlen_q * seqlen_k * hd
-        nbytes = (2 * q.numel() + k.numel() + v.numel()) * q.element_size()   # q, k, v read, out written
-
-        def record(variant, fn, out):
-            err = ((out.float() - ref).norm() / ref.norm()).item()
-            if not err < 2e-3:           # fp16/bf16 attention with fp32 accumulation: ~3e-4 / 2e-3
-                failures.append(f"{name} {variant}: rel err {err:.2e}")
-            us = do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
-            rows.append(dict(shape=name, variant=variant, us=us, tflops=flops / us * 1e-6,
-                             gbps=nbytes / us * 1e-3, pct_copy=100 * nbytes / us * 1e-3 / ceiling, err=err,
-                             B=batch, Sq=seqlen_q, Sk=seqlen_k, H=nheads, D=hd))
-            print(rows[-1], flush=True)
-
-        try:
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                def cudnn():
-                    return F.scaled_dot_product_attention(qt, kt, vt, scale=scale)
-                record("sdpa-cudnn", cudnn, cudnn().transpose(1, 2))
-        except RuntimeError as e:        # no cuDNN attention for this shape: the row says so
-            rows.append(dict(shape=name, variant="sdpa-cudnn", error=repr(e)[:200]))
-        for variant, ctx in variants(name, dtype):
-            with ctx:
-                def ours():
-                    return flash_fwd.flash_attn_forward(q, k, v, softmax_scale=scale)[0]
-                try:
-                    out = ours()
-                except Exception as e:  # noqa: BLE001 (a config that does not compile is a result too)
-                    failures.append(f"{name} {variant}: {e!r}"[:300])
-                    continue
-                record(variant, ours, out)
-        del ref
+        with sdpa_kernel(SDPBackend.MATH):       # fp32 reference, (B, H, S, D) -> (B, S, H, D)
+            ref = F.scaled_dot_product_attention(*(t.transpose(1, 2).float() for t in (q, k, v)), scale=scale)
+        state[name] = (q, k, v, scale, ref.transpose(1, 2).contiguous())
         torch.cuda.empty_cache()
 
-    peers = {r["shape"]: r["us"] for r in rows if r["variant"] == "sdpa-cudnn" and "us" in r}
-    for r in rows:
-        if "us" in r and r["shape"] in peers:
+    def record(name, variant, fn):
+        q, k, v, _, ref = state[name]
+        batch, seqlen_q, nheads, hd = q.shape
+        out = fn()
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        if not err < 2e-3:               # fp16 attention with fp32 accumulation: ~3e-4 (bf16 ~2e-3)
+            failures.append(f"{name} {variant}: rel err {err:.2e}")
+        us = do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
+        flops = 4 * batch * nheads * seqlen_q * k.shape[1] * hd
+        nbytes = (2 * q.numel() + k.numel() + v.numel()) * q.element_size()   # q, k, v read, out written
+        rows.append(dict(shape=name, variant=variant, us=us, tflops=flops / us * 1e-6, gbps=nbytes / us * 1e-3,
+                         pct_copy=100 * nbytes / us * 1e-3 / ceiling, err=err, B=batch, Sq=seqlen_q,
+                         Sk=k.shape[1], H=nheads, D=hd))
+        print({key: round(val, 4) if isinstance(val, float) else val for key, val in rows[-1].items()}, flush=True)
+
+    for first_pass in (True, False):
+        for name, *_ in shapes:
+            q, k, v, scale, _ = state[name]
+            if first_pass:
+                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))              # diffusers' (B, H, S, D) views
+                try:
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        record(name, "sdpa-cudnn",
+                               lambda: F.scaled_dot_product_attention(qt, kt, vt, scale=scale).transpose(1, 2))
+                except RuntimeError as e:    # no cuDNN attention for this shape: the row says so
+                    rows.append(dict(shape=name, variant="sdpa-cudnn", error=repr(e)[:200]))
+            for variant, ctx in variants(name, dtype, first_pass):
+                if not first_pass and time.time() - t_start > args.budget:
+                    skipped.append(f"{name}/{variant}")
+                    continue
+                with ctx:
+                    try:
+                        record(name, variant,
+                               lambda: flash_fwd.flash_attn_forward(q, k, v, softmax_scale=scale)[0])
+                    except Exception as e:  # noqa: BLE001 (a config that does not compile is a result too)
+                        failures.append(f"{name} {variant}: {e!r}"[:300])
+
+    timed = [r for r in rows if "us" in r]
+    peers = {r["shape"]: r["us"] for r in timed if r["variant"] == "sdpa-cudnn"}
+    for r in timed:
+        if r["shape"] in peers:
             r["vs_cudnn"] = r["us"] / peers[r["shape"]]
+    best = {}
+    for r in timed:
+        if r["variant"] != "sdpa-cudnn" and r["us"] < best.get(r["shape"], (1e30, ""))[0]:
+            best[r["shape"]] = (r["us"], r["variant"])
+    totals = {}
+    if all(name in state for name in SD_CALLS):
+        for variant in ("sdpa-cudnn", "default", "old"):
+            us = {r["shape"]: r["us"] for r in timed if r["variant"] == variant}
+            if all(name in us for name in SD_CALLS):
+                totals[variant] = sum(n * us[name] for name, n in SD_CALLS.items())
+        totals["best-of-ours"] = sum(n * best[name][0] for name, n in SD_CALLS.items() if name in best)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump(dict(ceiling_gbps=ceiling, dtype=args.dtype, rows=rows, failures=failures), f, indent=1)
-    best = {}
-    for r in rows:
-        if "us" in r and r["variant"] != "sdpa-cudnn" and r["us"] < best.get(r["shape"], (1e30,))[0]:
-            best[r["shape"]] = (r["us"], r["variant"])
+            json.dump(dict(ceiling_gbps=ceiling, dtype=args.dtype, rows=rows, sd_unet_totals_us=totals,
+                           failures=failures, skipped=skipped), f, indent=1)
     print(f"\n{'variant':<16}{'shape':<14}{'us':>9}{'TFLOP/s':>9}{'GB/s':>8}{'%copy':>7}{'/cudnn':>8}")
-    for r in rows:
+    order = {sh[0]: i for i, sh in enumerate(SHAPES)}
+    for r in sorted(rows, key=lambda r: order[r["shape"]]):      # stable: cuDNN, default, old, the rest
         if "us" not in r:
             print(f"{r['variant']:<16}{r['shape']:<14}  {r.get('error', '')}")
             continue
         mark = " *" if best.get(r["shape"], (0, ""))[1] == r["variant"] else ""
         print(f"{r['variant']:<16}{r['shape']:<14}{r['us']:9.1f}{r['tflops']:9.1f}{r['gbps']:8.0f}"
               f"{r['pct_copy']:7.1f}{r.get('vs_cudnn', float('nan')):8.2f}{mark}")
-    print(f"({time.time() - t_start:.0f} s; * = fastest of ours per shape)")
+    print("SD-1.5 UNet step, 32 attention calls (us): "
+          + ", ".join(f"{key} {val:.0f}" for key, val in totals.items()))
+    print(f"({time.time() - t_start:.0f} s; * = fastest of ours per shape"
+          + (f"; skipped past --budget: {' '.join(skipped)}" if skipped else "") + ")")
     if failures:
         print("FAILURES:\n  " + "\n  ".join(failures))
         return 1
