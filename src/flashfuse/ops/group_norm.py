@@ -68,8 +68,8 @@ INTERPRETER_SMS = 1   # in the interpreter (tests raise it to force SPLIT)
 # channels_last group, is cut into register-resident chunks; x is read once. Arithmetic for the defaults
 # (H200: 132 SMs, 64K registers and ~32 GB/s of HBM per SM):
 # - a forward chunk of 16384 elements on 16 warps is 32 fp32 per thread: ptxas (sm_90, triton 3.6) puts
-#   the kernel at 121-128 registers (a few spilled words in two NCHW chunkings), so one program per SM
-#   (maxnreg 128). Its one burst of loads is 32 KB of bf16 per SM in flight, above the ~26 KB that
+#   the kernel at 128 registers with 0-116 bytes spilled per thread (NCHW chunks of several channels
+#   spill most; L1 holds it), so one program per SM (maxnreg 128). Its one burst of loads is 32 KB of bf16 per SM in flight, above the ~26 KB that
 #   Little's law asks of HBM3e (32 GB/s x ~0.8 us). The backward holds s and dy: 8192 elements.
 #   (2 programs per SM at half the chunk need maxnreg 64: ptxas spilled 40-570 bytes; a tune variant.)
 # - SD's (8, 320, 128, 128) then runs 10 chunks per group in ~20 rounds of 130 programs: per round and
