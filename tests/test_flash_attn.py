@@ -120,6 +120,7 @@ def test_rows_without_visible_key(device, batch, seqlen_q, seqlen_k, nheads_q, n
 @pytest.mark.parametrize("batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype, dropout_p, opts", [
     pytest.param(1, 77, 131, 2, 1, 40, F32, 0.17, {"causal": True}, id="causal-mqa-fp32"),
     pytest.param(2, 131, 77, 2, 2, 16, F16, 0.3, {}, id="sq>sk-fp16"),
+    pytest.param(1, 37, 77, 2, 1, 72, F16, 0.2, {}, id="split-head-dim-d72-fp16"),
     pytest.param(1, 17, 17, 4, 2, 64, F16, 0.5, {"window_size": (4, 4), "alibi": "h", "softcap": 3.0},
                  id="window-alibi-softcap-gqa-fp16"),
 ])
@@ -501,6 +502,8 @@ def test_head_dim_split_table():
                 111: (128, 0), 224: (256, 0), 64: (64, 0), 128: (128, 0), 1: (16, 0), 17: (32, 0), 24: (32, 0)}
     for head_dim, split in expected.items():
         assert flash_fwd.head_dim_split(head_dim) == split, head_dim
+        assert flash_fwd.head_dim_split(head_dim, BF16) == split, head_dim
+        assert flash_fwd.head_dim_split(head_dim, F32) == (flash_fwd.head_dim_block(head_dim), 0), head_dim
     for head_dim in range(1, 257):
         main, tail = flash_fwd.head_dim_split(head_dim)
         padded = flash_fwd.head_dim_block(head_dim)
@@ -536,14 +539,16 @@ def test_vector_width():
 @pytest.mark.parametrize("split", [True, False], ids=["split", "pad"])
 @pytest.mark.parametrize("headdim, dtype, opts", [
     pytest.param(72, F16, {}, id="d72-fp16"),
-    pytest.param(80, F32, {"causal": True}, id="d80-causal-fp32"),
+    pytest.param(80, F16, {"causal": True}, id="d80-causal-fp16"),
+    pytest.param(40, BF16, {"window_size": (20, -1)}, id="d40-window-bf16"),
     pytest.param(160, F16, {"window_size": (9, 3), "softcap": 3.0}, id="d160-window-softcap-fp16"),
 ])
 def test_head_dim_split_or_pad(device, monkeypatch, split, headdim, dtype, opts):
     """The diffusion head dims (DiT 72, SD 40 / 80 / 160) through both forward plans: main part + masked
-    tail (64 + 8 of 16 for 72), or one padded, masked block; cross-attention-like seqlen_k = 77."""
+    tail (64 + 8 of 16 for 72), or one padded, masked block; cross-attention-like seqlen_k = 77. 16-bit
+    only: fp32 always pads (test_head_dim_split_table)."""
     monkeypatch.setattr(flash_fwd, "SPLIT_HEAD_DIM", split)
-    assert (flash_fwd.head_dim_split(headdim)[1] > 0) == split
+    assert (flash_fwd.head_dim_split(headdim, dtype)[1] > 0) == split
     q, k, v = rand_qkv(2, 37, 77, 2, 1, headdim, dtype=dtype, device=device)
     out = flash_attn_func(q, k, v, **opts)
     check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out)
@@ -570,8 +575,8 @@ def test_forward_config_table(monkeypatch):
     heads on small tiles stay on key tiles that ptxas showed spill-free."""
     monkeypatch.setattr(flash_fwd, "INTERPRET", False)
 
-    def config(width, seqlen_q, seqlen_k, batch_heads, windowed=False):
-        return flash_fwd.forward_config(width, F16, windowed, False, seqlen_q, seqlen_k, batch_heads, 132)
+    def config(width, seqlen_q, seqlen_k, batch_heads, windowed=False, has_bias=False):
+        return flash_fwd.forward_config(width, F16, windowed, has_bias, seqlen_q, seqlen_k, batch_heads, 132)
 
     def tiles(c):
         return c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["num_stages"]
@@ -580,6 +585,8 @@ def test_forward_config_table(monkeypatch):
     assert tiles(config(128, 4096, 4096, 128)) == (128, 128, 8, 3)
     assert tiles(config(128, 4096, 4096, 128, windowed=True)) == (128, 64, 8, 3)
     assert tiles(config(48, 4096, 4096, 16)) == (128, 64, 8, 3)             # SD 64x64 latents, head dim 40
+    assert tiles(config(160, 4096, 4096, 16)) == (128, 64, 8, 2)            # head dim 160 = 128 + 32
+    assert tiles(config(160, 4096, 4096, 16, has_bias=True)) == (128, 32, 8, 2)
     assert tiles(config(80, 256, 256, 512)) == (64, 128, 4, 2)              # DiT-XL/2, like cuDNN's tile
     assert tiles(config(48, 4096, 77, 16)) == (64, 128, 4, 2)               # cross-attention: one key block
     for width, seqlen, batch_heads in ((80, 1024, 16), (160, 256, 16), (160, 64, 16), (64, 17, 1)):

@@ -239,7 +239,8 @@ def forward_config(width: int, dtype: torch.dtype, windowed: bool, has_bias: boo
         # A bias tile pipelined beside K and V: 128 x 128 tiles would need 288 KB of shared memory.
         return dict(BLOCK_M=128, BLOCK_N=64 if windowed or has_bias else 128, num_warps=8, num_stages=3)
     if width <= 160:                     # 128 + 32 split (SD's head dim 160): acc 80 + scores 32 registers
-        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
+        # ptxas: 236 registers, no spill; with a bias tile (and softcap) 112 bytes spill, 128 x 32 none.
+        return dict(BLOCK_M=128, BLOCK_N=32 if has_bias else 64, num_warps=8, num_stages=2)
     # D = 256: a [128, 256] fp32 accumulator spills; 64 x 32 tiles spill 336 bytes, 32 x 32 none.
     return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
 
@@ -249,14 +250,16 @@ def head_dim_block(head_dim: int) -> int:
     return max(16, next_power_of_2(head_dim))
 
 
-def head_dim_split(head_dim: int) -> tuple[int, int]:
+def head_dim_split(head_dim: int, dtype: torch.dtype = torch.float16) -> tuple[int, int]:
     """(BLOCK_D, BLOCK_D2): the head dim as a power-of-two main part plus a power-of-two tail (>= 16, tl.dot's
     smallest K) when the two are narrower than padding, else (padded, 0). 40 -> 32 + 16, 72 -> 64 + 16,
     80 -> 64 + 16, 96 -> 64 + 32, 160 -> 128 + 32: 1.25-1.6x fewer tensor-core FLOPs than padding to
-    64 / 128 / 256. 59 -> (64, 0), 111 -> (128, 0), 224 -> (256, 0): a split would not be narrower."""
+    64 / 128 / 256. 59 -> (64, 0), 111 -> (128, 0), 224 -> (256, 0): a split would not be narrower.
+    fp32 always pads: its tf32x3 dots hold three operand copies, and ptxas shows the two extra dots spill
+    (32 x 32 tiles, head dim 96: 304 bytes split, 40 padded)."""
     padded = head_dim_block(head_dim)
     main = padded // 2
-    if SPLIT_HEAD_DIM and main >= 16:
+    if SPLIT_HEAD_DIM and main >= 16 and dtype != torch.float32:
         tail = max(16, next_power_of_2(head_dim - main))
         if main + tail < padded:
             return main, tail
@@ -305,7 +308,7 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
     if out.numel() == 0 or seqlen_q == 0:
         return out, lse.fill_(float("inf"))
 
-    block_d, block_d2 = head_dim_split(head_dim)
+    block_d, block_d2 = head_dim_split(head_dim, q.dtype)
     opts = kernel_options(head_dim=head_dim, block_d=block_d, softmax_scale=softmax_scale,
                           window_left=window_left, window_right=window_right, bottom_right=bottom_right,
                           softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
