@@ -4,6 +4,7 @@ every gradient against the float64 reference, HF modules in bf16, and torch.comp
 import pytest
 import torch
 
+import flashfuse.ops.norm as norm_ops
 from flashfuse.nn.norm import LayerNorm, RMSNorm
 from flashfuse.ops.norm import layer_norm, rms_norm
 from flashfuse.reference.norm import layer_norm_ref, rms_norm_ref
@@ -35,6 +36,32 @@ def test_rms_norm_gpu(shape, dtype, residual):
 def test_layer_norm_gpu(shape, dtype, residual):
     t = make(shape, dtype, "cuda", bias=True, residual=residual, scale=2.0, shift=4.0)
     check_op(layer_norm, layer_norm_ref, t, dict(eps=1e-5), TOL[dtype])
+
+
+# The backward knobs benchmarks/tune_norm_rope.py sweeps (flashfuse.ops.norm constants).
+BWD_VARIANTS = [
+    dict(BWD_STAGES=1, BWD_REG_PREFETCH=True, BWD_WARPS_PER_SM=64),
+    dict(BWD_STAGES=2), dict(BWD_STAGES=4), dict(BWD_STAGES=1),
+    dict(BWD_WARPS_PER_SM=16), dict(BWD_WARPS_PER_SM=64, BWD_STAGES=4), dict(BWD_ELEMENTS_PER_WARP=256),
+]
+
+
+@pytest.mark.parametrize("variant", BWD_VARIANTS, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()))
+@pytest.mark.parametrize("shape", [(4096, 4096), (4099, 8192), (2048, 2048), (37, 3000), (64, 65536)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_backward_variants_gpu(monkeypatch, variant, shape):
+    """Every backward schedule the tune script may pick: LayerNorm with a residual and RMSNorm (llama
+    casting), bf16, all gradients; fp32 rows at 8192 with a residual cap the pipeline stages to fit
+    shared memory."""
+    for name, value in variant.items():
+        monkeypatch.setattr(norm_ops, name, value)
+    t = make(shape, BF16, "cuda", bias=True, residual=True, scale=2.0, shift=4.0)
+    check_op(layer_norm, layer_norm_ref, t, dict(eps=1e-5), TOL[BF16])
+    t = make(shape, BF16, "cuda")
+    check_op(rms_norm, rms_norm_ref, t, dict(eps=1e-6), TOL[BF16])
+    if shape[1] == 8192:
+        t = make((1031, 8192), F32, "cuda", bias=True, residual=True)
+        check_op(layer_norm, layer_norm_ref, t, dict(eps=1e-5), TOL[F32])
 
 
 def test_qk_norm_strided_gpu():

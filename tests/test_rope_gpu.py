@@ -12,6 +12,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_llama_rope
 from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb as hf_phi3_rope
 
+import flashfuse.ops.rope as rope_ops
 from flashfuse.nn.rope import RotaryEmbedding
 from flashfuse.ops.rope import apply_rotary_emb, apply_rotary_emb_qk, apply_rotary_pos_emb
 from flashfuse.reference.rope import apply_rotary_emb_ref, apply_rotary_pos_emb_ref, rotary_tables
@@ -75,6 +76,37 @@ def test_apply_rotary_pos_emb_llama(dtype, batch, seqlen, nheads_q, nheads_k, he
     dq_ref, dk_ref = torch.autograd.grad((q_ref, k_ref), (q64, k64), (gq.double(), gk.double()))
     assert_close("dq", dq.view(batch, seqlen, nheads_q, headdim).transpose(1, 2), dq_ref, dtype)
     assert_close("dk", dk.view(batch, seqlen, nheads_k, headdim).transpose(1, 2), dk_ref, dtype)
+
+
+# The schedules benchmarks/tune_norm_rope.py sweeps: (TILE_ELEMENTS, WARPS_PER_1K, TILES_PER_PROGRAM, PREFETCH).
+SCHEDULES = [(1024, 4, 0, True), (1024, 4, 1, False), (1024, 4, 0, False), (1024, 4, 2, True),
+             (2048, 4, 0, True), (4096, 4, 0, True), (4096, 1, 0, True), (1024, 2, 0, True), (1024, 8, 0, True)]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: "-".join(map(str, s)))
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_schedules_llama_shape(monkeypatch, schedule, interleaved):
+    """Every schedule the tune script may pick, bf16 at the bench's shape (q 32 heads, k 8, hd 128, HF's
+    duplicated-halves tables, forward and backward) and with partial rotary (pass-through copy), into
+    NaN-poisoned outputs so an unwritten element fails."""
+    for name, value in zip(("TILE_ELEMENTS", "WARPS_PER_1K", "TILES_PER_PROGRAM", "PREFETCH"), schedule):
+        monkeypatch.setattr(rope_ops, name, value)
+    q = torch.randn(4, 4096, 32, 128, device="cuda", dtype=BF16)
+    k = torch.randn(4, 4096, 8, 128, device="cuda", dtype=BF16)
+    for rotary_dim, half_offset in ((128, 64), (64, 0)):
+        angles = torch.rand(4096, rotary_dim // 2, device="cuda", dtype=torch.float64) * 6.3
+        cos, sin = angles.cos(), angles.sin()
+        table_cos = torch.cat([cos, cos], -1) if half_offset else cos
+        table_sin = torch.cat([sin, sin], -1) if half_offset else sin
+        for conjugate in (False, True):
+            q_out, k_out = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
+            rope_ops.rotary_forward(q, table_cos.to(BF16), table_sin.to(BF16), q_out, y=k, out_y=k_out,
+                                    rotary_dim=rotary_dim, interleaved=interleaved, conjugate=conjugate,
+                                    cos_half_offset=half_offset)
+            c, s = cos.to(BF16).double(), sin.to(BF16).double()
+            for name, out, x in (("q", q_out, q), ("k", k_out, k)):
+                ref = apply_rotary_emb_ref(x.double(), c, -s if conjugate else s, interleaved)
+                assert_close(f"{name} (rotary {rotary_dim}, conjugate {conjugate})", out, ref, BF16)
 
 
 @pytest.mark.parametrize("dtype,interleaved,headdim,rotary_dim", [
