@@ -14,6 +14,12 @@ three running values per row (all fp32, scores in the log2 domain, see _flash_co
 Rescaling acc whenever the max grows is the "online softmax": one pass over K and V, and S x S never
 exists anywhere. Rows with no visible key keep m = -inf and l = 0: they store O = 0 and lse = +inf, so
 the backward's exp(s - lse) is 0 for them.
+
+Head dims that are not a power of two (diffusion models: 40, 72, 80, 160) are split into a power-of-two
+main part and a small tail, S = Q_a K_a^T + Q_t K_t^T and O = [P V_a, P V_t], instead of padding to the
+next power of two (72 = 64 + 16: 80 columns of tensor-core work, not 128). Their row strides (72 or 40
+elements) are not multiples of 16, so the launcher asserts the 16-byte alignment it checked (VEC) for
+vectorized, pipelined loads. See forward_config for the tile table and benchmarks/tune_attention_small.py.
 """
 
 from __future__ import annotations
@@ -162,18 +168,18 @@ def _flash_fwd_kernel(
     # (causal diagonal, window, ragged seqlen_k).
     acc, acc2, l_i, m_i = _fwd_key_blocks(
         acc, acc2, l_i, m_i, q, q2, k_base, v_base, lo, full_lo, o_m, o_d, m_d, o_d2, m_d2, i_bh,
-        seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
-        alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT,
+        seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale,
+        softcap_log2, alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT,
         HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N, BLOCK_D2)
     acc, acc2, l_i, m_i = _fwd_key_blocks(
         acc, acc2, l_i, m_i, q, q2, k_base, v_base, full_lo, full_hi, o_m, o_d, m_d, o_d2, m_d2, i_bh,
-        seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
-        alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p, False, HAS_LEFT,
+        seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale,
+        softcap_log2, alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p, False, HAS_LEFT,
         HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N, BLOCK_D2)
     acc, acc2, l_i, m_i = _fwd_key_blocks(
         acc, acc2, l_i, m_i, q, q2, k_base, v_base, full_hi, hi, o_m, o_d, m_d, o_d2, m_d2, i_bh,
-        seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
-        alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT,
+        seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale,
+        softcap_log2, alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT,
         HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N, BLOCK_D2)
 
     empty = l_i == 0.0                                         # rows that saw no key
