@@ -60,9 +60,9 @@ BWD_REG_PREFETCH = False
 # Shared memory one backward program may use for its stages (H100 / H200: 227 KB per block, two
 # programs per SM at 4096 columns): fp32 rows at 8192 columns with a fused residual are 96 KB a stage.
 BWD_SMEM_BUDGET = 160 * 1024
-# The dw / db partial-row sum: 32 columns x 64 partial rows per step (8 KB of fp32 per tensor, 4 warps),
-# 128 programs at 4096 columns.
-PARAM_SUM_BLOCK_N, PARAM_SUM_BLOCK_P, PARAM_SUM_WARPS = 32, 64, 4
+# The dw / db partial-row sum: 32 columns (one 128-byte line per row) x 64 partial rows per step, 8 KB
+# of fp32 per tensor on 4 warps; 128 programs at 4096 columns, each with 2 steps in flight (3 stages).
+PARAM_SUM_BLOCK_N, PARAM_SUM_BLOCK_P, PARAM_SUM_WARPS, PARAM_SUM_STAGES = 32, 64, 4, 3
 INTERPRETER_BWD_PROGRAMS = 4  # in the interpreter: a few programs, each looping over several rows
 
 
@@ -175,7 +175,7 @@ def _norm_backward(dy, dsum, s, weight, bias, mean, rstd, offset, *, is_rms, lla
             rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
             rstd if dw is None else dw, rstd if db is None else db, n_programs, n_cols,
             COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_P=PARAM_SUM_BLOCK_P,
-            BLOCK_N=PARAM_SUM_BLOCK_N, num_warps=PARAM_SUM_WARPS)
+            BLOCK_N=PARAM_SUM_BLOCK_N, NUM_STAGES=PARAM_SUM_STAGES, num_warps=PARAM_SUM_WARPS)
     return dx, dw, db
 
 

@@ -278,6 +278,7 @@ def _norm_param_grad_kernel(
     DW_PART, DB_PART, DW, DB,  # DW_PART, DB_PART: [n_parts, n_cols] fp32; DW, DB: [n_cols] (out)
     n_parts, n_cols,
     COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     """dw = sum of the backward programs' partial rows (and db), in fp32, stored in the parameter's dtype:
     one launch for both sums and both casts. Program i_n owns BLOCK_N columns and loops over the partial
@@ -287,7 +288,7 @@ def _norm_param_grad_kernel(
     m_n = o_n < n_cols
     acc_w = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    for p0 in range(0, n_parts, BLOCK_P):
+    for p0 in tl.range(0, n_parts, BLOCK_P, num_stages=NUM_STAGES):      # NUM_STAGES - 1 tiles in flight
         o_p = (p0 + tl.arange(0, BLOCK_P)).to(tl.int64)                        # [BLOCK_P]
         mask = (o_p < n_parts)[:, None] & m_n[None, :]
         offs = o_p[:, None] * n_cols + o_n[None, :]                            # [BLOCK_P, BLOCK_N]
