@@ -227,8 +227,8 @@ def _rotary_kernel(
 # ----------------------------------------------------------------------------------------------------
 
 # Tile = [BLOCK_H heads, rotary + pass-through features] of one token, at most TILE_ELEMENTS elements:
-# 1024 at 4 warps per 1K (8 elements, one 16-byte bf16 access, per thread; 32-54 registers, no spills),
-# so many programs share an SM. Measured on an H200, Llama shapes (16384 tokens, 32 q / 8 kv heads,
+# 1024 at 4 warps per 1K (8 elements per thread: a 16-byte bf16 access for GPT-J, two 8-byte ones, one
+# per half, for GPT-NeoX; 32-54 registers, no spills, ptxas sm_90), so many programs share an SM. Measured on an H200, Llama shapes (16384 tokens, 32 q / 8 kv heads,
 # hd 128, bf16), CUDA-graph timing, with one program per (token, tile) and the tiles of a token in grid
 # dim 2 (each tile's sweep over all tokens re-read the (batch, seqlen, 128) cos/sin tables, 8 MB, from
 # HBM: 4 x 8 MB extra against 335 MB of q and k): 87% of copy bandwidth for the HF op and 89-93% with
@@ -236,7 +236,7 @@ def _rotary_kernel(
 # Now a program takes all the tiles of its token (TILES_PER_PROGRAM = 0: Liger's one program per token,
 # 91% on the same op), reads the cos/sin row once and keeps two tiles' loads in flight (PREFETCH).
 TILE_ELEMENTS = 1024
-WARPS_PER_1K = 4              # 4 warps per 1024 elements: 8 elements (one 16-byte bf16 access) per thread
+WARPS_PER_1K = 4              # 4 warps per 1024 elements: 8 elements per thread
 TILES_PER_PROGRAM = 0         # tiles of a token per program; 0 = all of them (one program per token)
 PREFETCH = True
 
