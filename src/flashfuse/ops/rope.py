@@ -54,21 +54,16 @@ MAX_GRID_BATCH = 65535        # CUDA's limit on grid dim 1, where the batch (or 
 
 
 @triton.jit
-def _tile_pointers(X, OUT, Y, OUT_Y, i_b, row, t, t_end, tiles_x, nheads_x, nheads_y, headdim_x, headdim_y,
-                   stride_x_batch, stride_x_seq, stride_x_head,
-                   stride_out_batch, stride_out_seq, stride_out_head,
-                   stride_y_batch, stride_y_seq, stride_y_head,
-                   stride_outy_batch, stride_outy_seq, stride_outy_head,
+def _tile_pointers(p_x, p_out, p_y, p_outy, t, t_end, tiles_x, nheads_x, nheads_y, headdim_x, headdim_y,
+                   stride_x_head, stride_out_head, stride_y_head, stride_outy_head,
                    HAS_Y: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Tile t of a token: heads [h0, h0 + BLOCK_H) of x, or of y for t >= tiles_x (x and y share a dtype,
-    so a pointer select replaces a branch). Returns input and output pointers [BLOCK_H, 1], the head
-    mask [BLOCK_H] (all False for t >= t_end) and the tile's headdim."""
-    p_x = X + i_b * stride_x_batch + row * stride_x_seq
-    p_out = OUT + i_b * stride_out_batch + row * stride_out_seq
+    """Tile t of a token (p_*: the token's row of x, out, y, out_y): heads [h0, h0 + BLOCK_H) of x, or of
+    y for t >= tiles_x (x and y share a dtype, so a pointer select replaces a branch). Returns input and
+    output pointers [BLOCK_H, 1], the head mask [BLOCK_H] (all False for t >= t_end), the headdim."""
     if HAS_Y:
         is_x = t < tiles_x
-        p_x = tl.where(is_x, p_x, Y + i_b * stride_y_batch + row * stride_y_seq)
-        p_out = tl.where(is_x, p_out, OUT_Y + i_b * stride_outy_batch + row * stride_outy_seq)
+        p_x = tl.where(is_x, p_x, p_y)
+        p_out = tl.where(is_x, p_out, p_outy)
         nheads = tl.where(is_x, nheads_x, nheads_y)
         headdim = tl.where(is_x, headdim_x, headdim_y)
         stride_in_h = tl.where(is_x, stride_x_head, stride_y_head)
@@ -85,10 +80,9 @@ def _tile_pointers(X, OUT, Y, OUT_Y, i_b, row, t, t_end, tiles_x, nheads_x, nhea
 @triton.jit
 def _load_tile(p_xh, m_h, headdim, rotary_dim, INTERLEAVED: tl.constexpr, COPY_PASS: tl.constexpr,
                BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr):
-    """The tile's features in x's dtype: (first halves [BLOCK_H, BLOCK_K], second halves, pass-through
-    [BLOCK_H, BLOCK_P]) for GPT-NeoX; for GPT-J the rotary features [BLOCK_H, 2 BLOCK_K] twice (one
-    contiguous load, split into even and odd members in registers: two stride-2 accesses do not
-    vectorize, 14x slower on an H200)."""
+    """A tile in x's dtype: GPT-NeoX (first halves [BLOCK_H, BLOCK_K], second halves, pass-through
+    [BLOCK_H, BLOCK_P]); GPT-J the rotary features [BLOCK_H, 2 BLOCK_K] twice (one contiguous load, split
+    in registers: two stride-2 loads do not vectorize, 14x slower on an H200), pass-through."""
     rotary_half = rotary_dim // 2
     o_k = tl.arange(0, BLOCK_K)                                           # [BLOCK_K] pair index
     if INTERLEAVED:
@@ -169,12 +163,14 @@ def _rotary_kernel(
     t0 = (i_g * tiles_per_program).to(tl.int32)
     t_end = tl.minimum(t0 + tiles_per_program, n_tiles)
 
+    p_x = X + i_b * stride_x_batch + row * stride_x_seq                    # the token's rows
+    p_out = OUT + i_b * stride_out_batch + row * stride_out_seq
+    p_y = Y + i_b * stride_y_batch + row * stride_y_seq
+    p_outy = OUT_Y + i_b * stride_outy_batch + row * stride_outy_seq
     # The first tile's loads are issued before the cos/sin row's, so their latencies overlap.
-    p_xh, p_oh, m_h, headdim = _tile_pointers(
-        X, OUT, Y, OUT_Y, i_b, row, t0, t_end, tiles_x, nheads_x, nheads_y, headdim_x, headdim_y,
-        stride_x_batch, stride_x_seq, stride_x_head, stride_out_batch, stride_out_seq, stride_out_head,
-        stride_y_batch, stride_y_seq, stride_y_head, stride_outy_batch, stride_outy_seq, stride_outy_head,
-        HAS_Y, BLOCK_H)
+    p_xh, p_oh, m_h, headdim = _tile_pointers(p_x, p_out, p_y, p_outy, t0, t_end, tiles_x, nheads_x, nheads_y,
+                                              headdim_x, headdim_y, stride_x_head, stride_out_head,
+                                              stride_y_head, stride_outy_head, HAS_Y, BLOCK_H)
     b_a, b_b, b_p = _load_tile(p_xh, m_h, headdim, rotary_dim, INTERLEAVED, COPY_PASS, BLOCK_K, BLOCK_P)
 
     if HAS_POSITION_IDS:
@@ -199,27 +195,20 @@ def _rotary_kernel(
         s1, s2 = -s2, -s1
 
     for t in range(t0, t_end):
+        # PREFETCH: tile t + 1's loads go out before tile t is rotated and stored (masked off at t_end).
+        p_xh, p_on, m_hn, headdim_n = _tile_pointers(p_x, p_out, p_y, p_outy, t + 1, t_end, tiles_x, nheads_x,
+                                                     nheads_y, headdim_x, headdim_y, stride_x_head,
+                                                     stride_out_head, stride_y_head, stride_outy_head, HAS_Y,
+                                                     BLOCK_H)
         if PREFETCH:
-            # Tile t + 1's loads go out before tile t is rotated and stored (masked off at t_end).
-            p_xn, p_on, m_hn, headdim_n = _tile_pointers(
-                X, OUT, Y, OUT_Y, i_b, row, t + 1, t_end, tiles_x, nheads_x, nheads_y, headdim_x, headdim_y,
-                stride_x_batch, stride_x_seq, stride_x_head, stride_out_batch, stride_out_seq,
-                stride_out_head, stride_y_batch, stride_y_seq, stride_y_head, stride_outy_batch,
-                stride_outy_seq, stride_outy_head, HAS_Y, BLOCK_H)
-            b_an, b_bn, b_pn = _load_tile(p_xn, m_hn, headdim_n, rotary_dim, INTERLEAVED,
-                                          COPY_PASS, BLOCK_K, BLOCK_P)
+            b_an, b_bn, b_pn = _load_tile(p_xh, m_hn, headdim_n, rotary_dim, INTERLEAVED, COPY_PASS, BLOCK_K,
+                                          BLOCK_P)
         _rotate_store(b_a, b_b, b_p, c1, c2, s1, s2, p_oh, m_h, headdim, rotary_dim, INTERLEAVED, COPY_PASS,
                       BLOCK_H, BLOCK_K, BLOCK_P)
-        if PREFETCH:
-            b_a, b_b, b_p, p_oh, m_h, headdim = b_an, b_bn, b_pn, p_on, m_hn, headdim_n
-        else:
-            p_xh, p_oh, m_h, headdim = _tile_pointers(
-                X, OUT, Y, OUT_Y, i_b, row, t + 1, t_end, tiles_x, nheads_x, nheads_y, headdim_x, headdim_y,
-                stride_x_batch, stride_x_seq, stride_x_head, stride_out_batch, stride_out_seq,
-                stride_out_head, stride_y_batch, stride_y_seq, stride_y_head, stride_outy_batch,
-                stride_outy_seq, stride_outy_head, HAS_Y, BLOCK_H)
-            b_a, b_b, b_p = _load_tile(p_xh, m_h, headdim, rotary_dim, INTERLEAVED,
-                                       COPY_PASS, BLOCK_K, BLOCK_P)
+        if not PREFETCH:
+            b_an, b_bn, b_pn = _load_tile(p_xh, m_hn, headdim_n, rotary_dim, INTERLEAVED, COPY_PASS, BLOCK_K,
+                                          BLOCK_P)
+        b_a, b_b, b_p, p_oh, m_h, headdim = b_an, b_bn, b_pn, p_on, m_hn, headdim_n
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -227,14 +216,13 @@ def _rotary_kernel(
 # ----------------------------------------------------------------------------------------------------
 
 # Tile = [BLOCK_H heads, rotary + pass-through features] of one token, at most TILE_ELEMENTS elements:
-# 1024 at 4 warps per 1K (8 elements per thread: a 16-byte bf16 access for GPT-J, two 8-byte ones, one
-# per half, for GPT-NeoX; 32-54 registers, no spills, ptxas sm_90), so many programs share an SM. Measured on an H200, Llama shapes (16384 tokens, 32 q / 8 kv heads,
-# hd 128, bf16), CUDA-graph timing, with one program per (token, tile) and the tiles of a token in grid
-# dim 2 (each tile's sweep over all tokens re-read the (batch, seqlen, 128) cos/sin tables, 8 MB, from
-# HBM: 4 x 8 MB extra against 335 MB of q and k): 87% of copy bandwidth for the HF op and 89-93% with
-# shared fp32 tables (2 MB, L2-resident); 2048 / 4096-element tiles or 2 warps per 1K gave 74-83%.
-# Now a program takes all the tiles of its token (TILES_PER_PROGRAM = 0: Liger's one program per token,
-# 91% on the same op), reads the cos/sin row once and keeps two tiles' loads in flight (PREFETCH).
+# 1024 on 4 warps (8 elements per thread; 32-56 registers, no spills, ptxas sm_90), so many programs share
+# an SM. H200, Llama shapes (16384 tokens, 32 q / 8 kv heads, hd 128, bf16), CUDA-graph timing, with one
+# program per (token, tile) and a token's tiles in grid dim 2, so that each tile's sweep over all tokens
+# re-read the 8 MB (batch, seqlen, 128) cos/sin tables: 84-87% of copy bandwidth on the HF op, 89-93%
+# with L2-resident shared fp32 tables; 2048 / 4096-element tiles or 2 warps per 1K gave 74-83%. Now a
+# program takes all its token's tiles (TILES_PER_PROGRAM = 0, Liger's one program per token: 91% on the
+# same op), reads the cos/sin row once and keeps two tiles' loads in flight (PREFETCH).
 TILE_ELEMENTS = 1024
 WARPS_PER_1K = 4              # 4 warps per 1024 elements: 8 elements per thread
 TILES_PER_PROGRAM = 0         # tiles of a token per program; 0 = all of them (one program per token)
