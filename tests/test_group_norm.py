@@ -145,7 +145,7 @@ def test_resident_mode(device, monkeypatch, layout, chunk, pps, run_bytes):
     """RESIDENT (x read once, chunks held in registers): every chunking the planner makes for C = 12, 3
     groups, 5 x 7 pixels, a mean far from 0 (no E[s^2] - mean^2), forward and every gradient. NCHW is
     forced into it with a tiny one-tile cap."""
-    for name, value in (("ONE_TILE_FWD", 16), ("ONE_TILE_BWD", 16), ("RESIDENT_CHUNK_FWD", chunk),
+    for name, value in (("USE_RESIDENT", True), ("ONE_TILE_FWD", 16), ("ONE_TILE_BWD", 16), ("RESIDENT_CHUNK_FWD", chunk),
                         ("RESIDENT_CHUNK_BWD", chunk), ("RESIDENT_PROGRAMS_PER_SM", pps),
                         ("RESIDENT_MIN_RUN_BYTES", run_bytes)):
         monkeypatch.setattr(gn_ops, name, value)

@@ -82,7 +82,11 @@ RESIDENT_PROGRAMS_PER_SM = 1        # per 16 warps (smaller chunks: proportional
 # bytes (two 32-byte sectors) so that runs do not waste most of each sector fetched.
 RESIDENT_MIN_RUN_BYTES = 64
 RESIDENT_SYNC = True   # one launch with the in-kernel counter meeting (False: two launches, x read twice)
-USE_RESIDENT = True    # False: the LOOP / SPLIT modes below for large groups (kept for the tune script)
+# Off by default: measured on an H200 (session 4, `flashfuse bench diffusion --cuda-graph`, bf16), the meeting
+# at the counters is far slower than the arithmetic above says: NCHW (8, 320, 128, 128) forward 5.44 ms (0.7% of
+# copy; LOOP: 0.09 ms), (16, 640, 64, 64) 1.47 ms, (2, 320, 64, 64) 0.15 ms; channels_last about as before
+# (0.29 / 0.20 ms vs 0.36 / 0.18). Kept, tested on both tiers, for the next round of measurement.
+USE_RESIDENT = False   # True: RESIDENT for large and channels_last groups instead of LOOP / SPLIT
 SPIN_LIMIT = 1 << 21   # ~1 s of polling before a unit gives up with NaN statistics (never in a sound launch)
 
 
