@@ -1,0 +1,1 @@
+"""Private details of ``flashfuse.ops.rope``: its Triton kernel."""
