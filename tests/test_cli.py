@@ -119,6 +119,6 @@ def test_bench_every_suite_quick_exits_0_on_cpu(tmp_path, capsys):
         [(r["provider"], r["case"], r["message"]) for r in doc["rows"] if r["status"] in ("WRONG", "ERROR")]
     assert {r["provider"] for r in doc["rows"] if r["status"] == "N/A"} == \
         {"cuda", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math", "flex", "compile", "liger", "hf-compile",
-         "flashfuse-compile"}
+         "flashfuse-compile", "flashfuse-graph"}
     assert (out / "attention_tflops.png").exists() and (out / "attention_progression_ms.png").exists()
     assert (out / "decode_gbps.png").exists()
