@@ -100,11 +100,9 @@ def rel_err(out, ref) -> float:
 
 
 def copy_ceiling_gbps() -> float:
-    src = torch.empty(2 ** 30, dtype=torch.uint8, device=DEVICE)
-    dst = torch.empty_like(src)
-    ms = bench(lambda: dst.copy_(src))
-    del src, dst
-    return 2 * 2 ** 30 / ms / 1e6
+    # The bench's own ceiling (fp32 copy of 1 GiB): a uint8 copy_ runs at ~2.7 TB/s on an H200, not 4.2.
+    from flashfuse.bench.harness import measure_ceilings
+    return measure_ceilings(DEVICE)["copy_GBps"]
 
 
 def fwd_bwd(fn, leaves, douts):
