@@ -60,7 +60,7 @@ class CUDAGraphed(torch.nn.Module):
     """``fn`` (a module or any callable) replayed as CUDA graphs, one per call signature.
 
     Attribute access falls through to the wrapped module (``graphed.config``, ``graphed.dtype`` of a diffusers
-    model keep working), so it can replace ``pipe.unet`` in a pipeline.
+    model keep working).
     """
 
     def __init__(self, fn: Callable, *, warmup: int = 2, clone_outputs: bool = True):
@@ -163,10 +163,10 @@ def cuda_graph(fn: Callable, *, warmup: int = 2, clone_outputs: bool = True) -> 
         ``CUDAGraphed``: an ``nn.Module`` whose call has ``fn``'s signature; ``num_graphs`` counts the captured
         signatures and ``reset()`` drops them.
 
-    Example (a diffusers UNet, one graph per latent shape)::
+    Example (a diffusers UNet, one graph per latent shape; docs/diffusion-kernels.md graphs a whole denoising
+    step with FusedScheduler)::
 
-        unet = flashfuse.patch_diffusers(pipe.unet)
-        pipe.unet = flashfuse.cuda_graph(unet)
-        image = pipe(prompt).images[0]
+        unet = flashfuse.cuda_graph(flashfuse.patch_diffusers(unet))
+        eps = unet(latents, t, encoder_hidden_states=text).sample      # t: a 0-dim tensor on the GPU
     """
     return CUDAGraphed(fn, warmup=warmup, clone_outputs=clone_outputs)
