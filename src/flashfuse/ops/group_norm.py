@@ -220,6 +220,7 @@ def _resident_plan_cached(n, groups, cpg, hw, channels_contiguous, elt_bytes, ch
 
 
 _COUNTERS: dict = {}
+_OUTGROWN_COUNTERS: list = []   # replaced buffers, kept alive for the graphs that captured them
 
 
 def _counters(device: torch.device, size: int) -> Tensor:
@@ -229,9 +230,10 @@ def _counters(device: torch.device, size: int) -> Tensor:
     key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < size:
+        if buf is not None:
+            _OUTGROWN_COUNTERS.append(buf)
         buf = torch.zeros(max(size, 4096, 0 if buf is None else 2 * buf.numel()), dtype=torch.int32,
                           device=device)
-        _COUNTERS.setdefault(("old",) + key, []).append(_COUNTERS.get(key))
         _COUNTERS[key] = buf
     return buf
 
