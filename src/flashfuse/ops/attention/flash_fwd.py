@@ -199,6 +199,161 @@ def _flash_fwd_kernel(
 
 
 # ----------------------------------------------------------------------------------------------------
+# Fast path for long sequences (Hopper): tensor-descriptor (TMA) tiles, optional warp specialization
+# ----------------------------------------------------------------------------------------------------
+# The same online softmax as above, for the common case only: no dropout, ALiBi, softcap, bias, left
+# window or varlen, head dim a power of two. What changes is how tiles move:
+# - Q, K, V tiles are read and O written through tensor descriptors (TMA on sm_90): one instruction per
+#   tile instead of per-thread address arithmetic, and rows past seqlen read as zeros / are not written,
+#   so no load or store carries a mask; only the score mask of the last (diagonal, ragged) key blocks.
+# - WARP_SPECIALIZE: the key loop runs as producer warps (TMA loads) and consumer warpgroups (wgmma +
+#   softmax), Triton's automatic warp specialization (tl.range(..., warp_specialize=True)).
+# - SPLIT_M: the row block is two independent halves [BLOCK_M / 2, D] sharing each K / V tile: one half's
+#   softmax can overlap the other half's tensor-core work (FlashAttention-3's ping-pong, here left to
+#   the scheduler or, with warp specialization, to two consumer warpgroups).
+
+
+@triton.jit
+def _fwd_fast_tile(acc, l_i, m_i, q, b_k, b_v, o_m, start_n, seqlen_q, seqlen_k, window_right, qk_scale,
+                   p_any, MASKED: tl.constexpr, HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """One online-softmax step of a row block q [ROWS, D] against one key tile b_k, b_v [BLOCK_N, D]."""
+    qk = dot(q, tl.trans(b_k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32))     # [ROWS, BLOCK_N]
+    o_n = start_n + tl.arange(0, BLOCK_N)
+    s2, _ = score_mod(qk, o_m[:, None], o_n[None, :], seqlen_q, seqlen_k, 0, window_right, qk_scale, 0.0,
+                      0.0, 0.0, p_any, 0, 0, MASKED, False, HAS_RIGHT, BOTTOM_RIGHT, False, False, False)
+    m_new = tl.maximum(m_i, tl.max(s2, 1))
+    if MASKED:
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)   # rows with no visible key yet (see above)
+    p = tl.exp2(s2 - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    acc = dot(p.to(b_v.dtype), b_v, acc * alpha[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)                           # after the dot: p's registers free sooner
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _load_rows(src, row0, seqlen, stride_s, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
+    """Rows [row0, row0 + BLOCK) of a [seqlen, BLOCK_D] matrix (zeros past seqlen): src is a tensor
+    descriptor (USE_TMA) or the matrix's base pointer."""
+    if USE_TMA:
+        return src.load([row0, 0])
+    else:
+        o_r = row0 + tl.arange(0, BLOCK)
+        return tl.load(src + o_r[:, None] * stride_s + tl.arange(0, BLOCK_D)[None, :],
+                       mask=o_r[:, None] < seqlen, other=0.0)
+
+
+@triton.jit
+def _fwd_fast_key_blocks(acc0, l0, m0, acc1, l1, m1, q0, q1, k_src, v_src, start, end, o_m0, o_m1,
+                         seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_right, qk_scale, p_any,
+                         MASKED: tl.constexpr, HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_M: tl.constexpr,
+                         USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """Key blocks [start, end) for both row halves (the second one only when SPLIT_M)."""
+    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        b_k = _load_rows(k_src, start_n, seqlen_k, stride_k_s, BLOCK_N, BLOCK_D, USE_TMA)   # [BLOCK_N, BLOCK_D]
+        b_v = _load_rows(v_src, start_n, seqlen_k, stride_v_s, BLOCK_N, BLOCK_D, USE_TMA)
+        acc0, l0, m0 = _fwd_fast_tile(acc0, l0, m0, q0, b_k, b_v, o_m0, start_n, seqlen_q, seqlen_k,
+                                      window_right, qk_scale, p_any, MASKED, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_N)
+        if SPLIT_M:
+            acc1, l1, m1 = _fwd_fast_tile(acc1, l1, m1, q1, b_k, b_v, o_m1, start_n, seqlen_q, seqlen_k,
+                                          window_right, qk_scale, p_any, MASKED, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_N)
+    return acc0, l0, m0, acc1, l1, m1
+
+
+@triton.jit
+def _fwd_fast_store(p_o, p_lse, o_dst, acc, l_i, m_i, o_m, row0, seqlen_q, stride_o_s,
+                    BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
+    """O = acc / l and the natural-log LSE of one row half; rows with no visible key: O = 0, lse = +inf."""
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = (acc * (1.0 / l_safe)[:, None]).to(p_o.dtype.element_ty)
+    if USE_TMA:
+        o_dst.store([row0, 0], out)                                      # rows past seqlen_q are dropped
+    else:
+        tl.store(o_dst + o_m[:, None] * stride_o_s + tl.arange(0, BLOCK_D)[None, :], out,
+                 mask=o_m[:, None] < seqlen_q)
+    tl.store(p_lse + o_m, tl.where(empty, float("inf"), (m_i + tl.log2(l_safe)) / LOG2E), mask=o_m < seqlen_q)
+
+
+@triton.jit
+def _flash_fwd_fast_kernel(
+    p_q, p_k, p_v, p_o, p_lse,
+    stride_q_b, stride_q_s, stride_q_h,
+    stride_k_b, stride_k_s, stride_k_h,
+    stride_v_b, stride_v_s, stride_v_h,
+    stride_o_b, stride_o_s, stride_o_h,
+    stride_lse_b, stride_lse_h,
+    nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_right,
+    HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    EVEN_K: tl.constexpr, SPLIT_M: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):
+    # q, o: [batch, seqlen_q, nheads_q, BLOCK_D]; k, v: [batch, seqlen_k, nheads_k, BLOCK_D]; lse: [batch,
+    # nheads_q, seqlen_q]. Grid (cdiv(seqlen_q, BLOCK_M), batch * nheads_q), heaviest row blocks first.
+    # The launcher checked what TMA needs: 16-byte aligned base pointers and strides but the last (1).
+    i_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = (i_bh // nheads_q).to(tl.int64)
+    i_h = (i_bh % nheads_q).to(tl.int64)
+    i_hk = i_h // group
+    m0 = i_m * BLOCK_M
+    HALF: tl.constexpr = BLOCK_M // 2 if SPLIT_M else BLOCK_M
+    q_base = p_q + i_b * stride_q_b + i_h * stride_q_h
+    k_base = p_k + i_b * stride_k_b + i_hk * stride_k_h
+    v_base = p_v + i_b * stride_v_b + i_hk * stride_v_h
+    o_base = p_o + i_b * stride_o_b + i_h * stride_o_h
+    if USE_TMA:
+        # One [seqlen, BLOCK_D] matrix per (batch, head): TMA's bounds check zero-fills rows past seqlen.
+        q_src = tl.make_tensor_descriptor(q_base, [seqlen_q, BLOCK_D], [stride_q_s, 1], [HALF, BLOCK_D])
+        k_src = tl.make_tensor_descriptor(k_base, [seqlen_k, BLOCK_D], [stride_k_s, 1], [BLOCK_N, BLOCK_D])
+        v_src = tl.make_tensor_descriptor(v_base, [seqlen_k, BLOCK_D], [stride_v_s, 1], [BLOCK_N, BLOCK_D])
+        o_dst = tl.make_tensor_descriptor(o_base, [seqlen_q, BLOCK_D], [stride_o_s, 1], [HALF, BLOCK_D])
+    else:
+        q_src, k_src, v_src, o_dst = q_base, k_base, v_base, o_base
+    p_lse += i_b * stride_lse_b + i_h * stride_lse_h
+
+    o_m0 = m0 + tl.arange(0, HALF)
+    q0 = _load_rows(q_src, m0, seqlen_q, stride_q_s, HALF, BLOCK_D, USE_TMA)        # [HALF, BLOCK_D]
+    acc0 = tl.zeros([HALF, BLOCK_D], dtype=tl.float32)
+    l0 = tl.zeros([HALF], dtype=tl.float32)
+    mx0 = tl.full([HALF], float("-inf"), dtype=tl.float32)
+    # Without SPLIT_M the *1 names alias the first half; the key loop never touches them then.
+    o_m1, q1, acc1, l1, mx1 = o_m0, q0, acc0, l0, mx0
+    if SPLIT_M:
+        o_m1 = m0 + HALF + tl.arange(0, HALF)
+        q1 = _load_rows(q_src, m0 + HALF, seqlen_q, stride_q_s, HALF, BLOCK_D, USE_TMA)
+        acc1 = tl.zeros([HALF, BLOCK_D], dtype=tl.float32)
+        l1 = tl.zeros([HALF], dtype=tl.float32)
+        mx1 = tl.full([HALF], float("-inf"), dtype=tl.float32)
+
+    # No left window here, so lo = full_lo = 0: unmasked [0, full_hi), then the masked diagonal / ragged end.
+    _, _, full_hi, hi = key_block_phases(m0, seqlen_q, seqlen_k, 0, window_right, BLOCK_M, BLOCK_N,
+                                         False, HAS_RIGHT, BOTTOM_RIGHT)
+    if WARP_SPECIALIZE:
+        # Triton 3.6's Hopper warp specialization takes one loop per kernel (two in a row fail to compile,
+        # a branch inside turns it off): one loop over [0, hi), every block masked when any must be
+        # (causal, or a ragged last key block whose TMA zeros would otherwise score 0, not -inf).
+        full_hi = 0
+    MASK_LAST: tl.constexpr = HAS_RIGHT or not EVEN_K or not WARP_SPECIALIZE
+    acc0, l0, mx0, acc1, l1, mx1 = _fwd_fast_key_blocks(
+        acc0, l0, mx0, acc1, l1, mx1, q0, q1, k_src, v_src, 0, full_hi, o_m0, o_m1, seqlen_q, seqlen_k,
+        stride_k_s, stride_v_s, window_right, qk_scale, p_lse, False, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_N,
+        BLOCK_D, SPLIT_M, USE_TMA, False)
+    acc0, l0, mx0, acc1, l1, mx1 = _fwd_fast_key_blocks(
+        acc0, l0, mx0, acc1, l1, mx1, q0, q1, k_src, v_src, full_hi, hi, o_m0, o_m1, seqlen_q, seqlen_k,
+        stride_k_s, stride_v_s, window_right, qk_scale, p_lse, MASK_LAST, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_N,
+        BLOCK_D, SPLIT_M, USE_TMA, WARP_SPECIALIZE)
+
+    _fwd_fast_store(p_o, p_lse, o_dst, acc0, l0, mx0, o_m0, m0, seqlen_q, stride_o_s, BLOCK_D, USE_TMA)
+    if SPLIT_M:
+        _fwd_fast_store(p_o, p_lse, o_dst, acc1, l1, mx1, o_m1, m0 + HALF, seqlen_q, stride_o_s, BLOCK_D,
+                        USE_TMA)
+
+
+# ----------------------------------------------------------------------------------------------------
 # Launcher
 # ----------------------------------------------------------------------------------------------------
 
@@ -253,6 +408,82 @@ def forward_config(width: int, dtype: torch.dtype, windowed: bool, has_bias: boo
         return dict(BLOCK_M=128, BLOCK_N=32 if has_bias else 64, num_warps=8, num_stages=2)
     # D = 256: a [128, 256] fp32 accumulator spills; 64 x 32 tiles spill 336 bytes, 32 x 32 none.
     return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+
+
+# The fast path (_flash_fwd_fast_kernel) for long sequences. Off until measured on an H200: the kernel above
+# stays the default; benchmarks/tune_flash_fwd.py times both in one run.
+FAST_FORWARD = False
+
+
+def _fast(bm, bn, warps, stages, split=False, tma=True, ws=False):
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, SPLIT_M=split, USE_TMA=tma,
+                WARP_SPECIALIZE=ws)
+
+
+# (head dim, causal) -> config, Hopper. Starting points from the pointer kernel's measured table
+# (benchmarks/NOTES.md: hd64 128x64 8 warps; hd128 128x128 full rows, 128x64 under a causal mask), with
+# TMA loads; shared memory at 3 stages: Q 32 KB + 3 x (K + V) = 32 + 192 KB at hd128 x 128 keys (fits
+# 227 KB). ptxas (sm_90, triton 3.6) for each: see benchmarks/tune_flash_fwd.py's header.
+FAST_CONFIGS = {
+    (64, False): _fast(128, 128, 8, 3),
+    (64, True): _fast(128, 64, 8, 3),
+    (128, False): _fast(128, 128, 8, 3),
+    (128, True): _fast(128, 64, 8, 3),
+}
+
+
+def fast_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int,
+                        programs_per_row_block: int, num_sms: int = 132):
+    """The fast kernel's config, or None where the pointer kernel's small-shape tiles fit better (short
+    key loops, grids under two waves of 128-row blocks: forward_config's first branch). The interpreter
+    gets 32 x 32 tiles split in two 16-row halves, so every piece of the kernel runs on the CPU tier."""
+    if INTERPRET:
+        return _fast(32, 32, 4, 1, split=True)
+    if seqlen_k <= 512 or cdiv(seqlen_q, 128) * programs_per_row_block < 2 * num_sms:
+        return None
+    return dict(FAST_CONFIGS[(64 if head_dim <= 64 else 128, causal)])
+
+
+def tma_compatible(*tensors) -> bool:
+    """What a tensor descriptor over each (batch, head)'s [seqlen, headdim] rows needs: 16-byte aligned
+    base pointers and strides (bytes), the head dim contiguous, and a nonzero row stride."""
+    for t in tensors:
+        strides = t.stride()
+        if t.data_ptr() % 16 or strides[-1] != 1 or strides[1] == 0:
+            return False
+        if any(s * t.element_size() % 16 for s in strides[:-1]):
+            return False
+    return True
+
+
+def _tma_scratch(size: int, alignment: int, stream):
+    """Global scratch for device-side tensor descriptors (128 bytes per descriptor per program)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_tma_allocator():
+    """Kernels that build tensor descriptors on the device need triton.set_allocator; set ours unless the
+    caller set one (the allocator is a context variable: per thread)."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_tma_scratch)
+
+
+def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softcap, alibi_slopes, attn_bias,
+                       dropout_p, is_varlen, nheads_q):
+    """The fast kernel's config for this call, or None: the features it leaves out go to the kernel above."""
+    if not FAST_FORWARD or is_varlen or alibi_slopes is not None or attn_bias is not None:
+        return None
+    if dropout_p > 0.0 or softcap > 0.0 or window_left >= 0:
+        return None
+    if head_dim not in (16, 32, 64, 128) or (q.dtype == torch.float32 and not INTERPRET):
+        return None
+    cfg = fast_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1], q.shape[0] * nheads_q,
+                              132 if INTERPRET else sm_count(q.device))
+    if cfg is not None and cfg["USE_TMA"] and not tma_compatible(q, k, v, out):
+        return None
+    return cfg
 
 
 def head_dim_block(head_dim: int) -> int:
@@ -317,6 +548,19 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
         lse_strides = (lse.stride(0), lse.stride(1))
     if out.numel() == 0 or seqlen_q == 0:
         return out, lse.fill_(float("inf"))
+
+    fast = _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softcap, alibi_slopes,
+                              attn_bias, dropout_p, is_varlen, nheads_q)
+    if fast is not None:
+        if fast["USE_TMA"] and not INTERPRET:
+            ensure_tma_allocator()
+        grid = (cdiv(seqlen_q, fast["BLOCK_M"]), batch * nheads_q)
+        _flash_fwd_fast_kernel[grid](
+            q, k, v, out, lse, *q_strides[:3], *k_strides[:3], *v_strides[:3], *o_strides[:3], *lse_strides,
+            nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, softmax_scale * math.log2(math.e), window_right,
+            HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_D=head_dim,
+            EVEN_K=seqlen_k % fast["BLOCK_N"] == 0, **fast)
+        return out, lse
 
     block_d, block_d2 = head_dim_split(head_dim, q.dtype)
     opts = kernel_options(head_dim=head_dim, block_d=block_d, softmax_scale=softmax_scale,
