@@ -17,6 +17,11 @@ so gradients are bit-identical run to run:
 - ``_dq_program``: one query block of one query head, walking its key blocks like the forward does.
 Both recompute S = Q K^T and dP~ = dO V^T (7 matrix products where an atomic dQ would need 5); that
 is the price of determinism and of no fp32 dQ buffer.
+
+The atomic path (``deterministic=False`` with ``ATOMIC_DQ`` on, FA2/FA3's layout) launches the same kernel
+with only dK/dV programs: each also forms dQ_part = dS K for its [BLOCK_M queries, BLOCK_N keys] tile and
+adds it with fp32 atomics into a zeroed [*, Hq, D] float32 buffer, which ``_dq_convert_kernel`` scales
+and casts. 5 matrix products; the summation order of dQ then varies run to run (last-bit differences).
 """
 
 from __future__ import annotations
@@ -56,16 +61,23 @@ def _bwd_preprocess_kernel(p_o, p_do, p_delta, p_cu_seqlens_q,
 
 
 @triton.jit
-def _dkdv_query_blocks(dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, start, end, o_n, o_d,
-                       m_d, i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s, window_left,
-                       window_right, qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, p_bias,
-                       stride_bias_m, stride_bias_n, p_rng, dropout_p, MASKED: tl.constexpr,
-                       HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-                       HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       HAS_DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr):
+def _dkdv_query_blocks(dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base, start, end,
+                       shift, o_n, o_d, m_d, i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s,
+                       stride_dqa_s, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
+                       alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p,
+                       MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                       BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                       ROTATE: tl.constexpr, BLOCK_M: tl.constexpr):
     """dK, dV contributions of query blocks [start, end) of one query head, in the transposed layout
-    (tiles are [BLOCK_N keys, BLOCK_M queries]) so no tile needs a transpose before its product."""
-    for start_m in range(start, end, BLOCK_M):
+    (tiles are [BLOCK_N keys, BLOCK_M queries]) so no tile needs a transpose before its product.
+    ATOMIC_DQ: also add dQ_part = dS K of each tile into the fp32 buffer at dq_base (unscaled).
+    ROTATE (block-aligned [start, end) only): visit the blocks starting ``shift`` rows in, wrapping
+    around, so the key blocks of one head do not all add into the same dQ rows at the same time."""
+    for i_m in range(start, end, BLOCK_M):
+        start_m = i_m
+        if ROTATE:
+            start_m = start + (i_m - start + shift) % (end - start)
         o_m = start_m + tl.arange(0, BLOCK_M)
         if MASKED:
             m_rows = o_m < seqlen_q
@@ -96,28 +108,40 @@ def _dkdv_query_blocks(dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, 
         ds_t = p_t * (dp_t - delta[None, :])
         if HAS_SOFTCAP:
             ds_t = ds_t * (1.0 - tanh_t * tanh_t)
-        dk = dot(ds_t.to(b_q.dtype), b_q, dk)
+        ds_t = ds_t.to(b_q.dtype)
+        dk = dot(ds_t, b_q, dk)
+        if ATOMIC_DQ:
+            # [M, D] in the dot's accumulator layout: each thread holds runs of consecutive d, so the
+            # adds can go out as vector reductions (red.global.add.v2/v4.f32 on sm_90).
+            dq = dot(tl.trans(ds_t), b_k, tl.zeros([BLOCK_M, b_k.shape[1]], dtype=tl.float32))
+            p_dq = dq_base + o_m[:, None] * stride_dqa_s + o_d[None, :]
+            if MASKED:
+                tl.atomic_add(p_dq, dq, mask=(o_m[:, None] < seqlen_q) & m_d[None, :], sem="relaxed")
+            else:
+                tl.atomic_add(p_dq, dq, mask=m_d[None, :], sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def _dkdv_program(
     i_n, i_b, i_hk,
-    p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv, p_cu_seqlens_q, p_cu_seqlens_k, p_alibi, p_bias,
-    p_rng,
+    p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv, p_dqa, p_cu_seqlens_q, p_cu_seqlens_k, p_alibi,
+    p_bias, p_rng,
     stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h,
     stride_v_b, stride_v_s, stride_v_h, stride_do_b, stride_do_s, stride_do_h,
     stride_dk_b, stride_dk_s, stride_dk_h, stride_dv_b, stride_dv_s, stride_dv_h,
+    stride_dqa_b, stride_dqa_s, stride_dqa_h,
     stride_lse_b, stride_lse_h, stride_alibi_b,
     stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
     nheads_q, group, seqlen_q, seqlen_k, head_dim,
     sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr, STAGGER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
-    """dK, dV of key block i_n of kv head i_hk, summed over the query heads of its GQA group."""
+    """dK, dV of key block i_n of kv head i_hk, summed over the query heads of its GQA group
+    (ATOMIC_DQ: and every tile's dQ contribution, added into p_dqa)."""
     q_start, seqlen_q = seq_bounds(p_cu_seqlens_q, i_b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = seq_bounds(p_cu_seqlens_k, i_b, seqlen_k, IS_VARLEN)
     n0 = i_n * BLOCK_N
@@ -140,11 +164,13 @@ def _dkdv_program(
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     lo, full_lo, full_hi, hi = query_block_phases(n0, seqlen_q, seqlen_k, window_left, window_right,
                                                   BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT)
+    shift = n0 // BLOCK_M * BLOCK_M          # STAGGER: key block n starts its full phase near row n0
     for g in range(0, group):                                  # the GQA group, in a fixed order
         i_h = i_hk * group + g
         i_bh = i_b * nheads_q + i_h
         q_base = p_q + i_b64 * stride_q_b + q_start * stride_q_s + i_h * stride_q_h
         do_base = p_do + i_b64 * stride_do_b + q_start * stride_do_s + i_h * stride_do_h
+        dq_base = p_dqa + i_b64 * stride_dqa_b + q_start * stride_dqa_s + i_h * stride_dqa_h
         lse_base = p_lse + i_b64 * stride_lse_b + i_h * stride_lse_h + q_start
         delta_base = p_delta + i_b64 * stride_lse_b + i_h * stride_lse_h + q_start
         alibi_slope_log2 = 0.0
@@ -154,23 +180,23 @@ def _dkdv_program(
         if HAS_BIAS:
             bias_base = p_bias + i_b64 * stride_bias_b + i_h * stride_bias_h
         dk, dv = _dkdv_query_blocks(
-            dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, lo, full_lo, o_n, o_d, m_d, i_bh,
-            seqlen_q, seqlen_k, stride_q_s, stride_do_s, window_left, window_right, qk_scale,
-            softcap_scale, softcap_log2, alibi_slope_log2, bias_base, stride_bias_m, stride_bias_n,
-            p_rng, dropout_p, True, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS,
-            HAS_DROPOUT, BLOCK_M)
+            dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base, lo, full_lo, shift, o_n,
+            o_d, m_d, i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s, stride_dqa_s, window_left,
+            window_right, qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, bias_base,
+            stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, False, BLOCK_M)
         dk, dv = _dkdv_query_blocks(
-            dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, full_lo, full_hi, o_n, o_d, m_d,
-            i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s, window_left, window_right, qk_scale,
-            softcap_scale, softcap_log2, alibi_slope_log2, bias_base, stride_bias_m, stride_bias_n,
-            p_rng, dropout_p, False, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-            HAS_BIAS, HAS_DROPOUT, BLOCK_M)
+            dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base, full_lo, full_hi, shift,
+            o_n, o_d, m_d, i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s, stride_dqa_s, window_left,
+            window_right, qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, bias_base,
+            stride_bias_m, stride_bias_n, p_rng, dropout_p, False, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, STAGGER, BLOCK_M)
         dk, dv = _dkdv_query_blocks(
-            dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, full_hi, hi, o_n, o_d, m_d, i_bh,
-            seqlen_q, seqlen_k, stride_q_s, stride_do_s, window_left, window_right, qk_scale,
-            softcap_scale, softcap_log2, alibi_slope_log2, bias_base, stride_bias_m, stride_bias_n,
-            p_rng, dropout_p, True, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS,
-            HAS_DROPOUT, BLOCK_M)
+            dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base, full_hi, hi, shift, o_n,
+            o_d, m_d, i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s, stride_dqa_s, window_left,
+            window_right, qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, bias_base,
+            stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, False, BLOCK_M)
 
     dk_off = i_b64 * stride_dk_b + k_start * stride_dk_s + i_hk * stride_dk_h
     dv_off = i_b64 * stride_dv_b + k_start * stride_dv_s + i_hk * stride_dv_h
@@ -288,44 +314,54 @@ def _dq_program(
 
 @triton.jit
 def _flash_bwd_kernel(
-    p_q, p_k, p_v, p_do, p_lse, p_delta, p_dq, p_dk, p_dv, p_cu_seqlens_q, p_cu_seqlens_k, p_alibi,
-    p_bias, p_rng,
+    p_q, p_k, p_v, p_do, p_lse, p_delta, p_dq, p_dk, p_dv, p_dqa, p_cu_seqlens_q, p_cu_seqlens_k,
+    p_alibi, p_bias, p_rng,
     stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h,
     stride_v_b, stride_v_s, stride_v_h, stride_do_b, stride_do_s, stride_do_h,
     stride_dq_b, stride_dq_s, stride_dq_h, stride_dk_b, stride_dk_s, stride_dk_h,
-    stride_dv_b, stride_dv_s, stride_dv_h,
+    stride_dv_b, stride_dv_s, stride_dv_h, stride_dqa_b, stride_dqa_s, stride_dqa_h,
     stride_lse_b, stride_lse_h, stride_alibi_b,
     stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
     nheads_q, nheads_k, group, seqlen_q, seqlen_k, head_dim, num_kv_blocks, num_q_blocks,
     sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr, STAGGER: tl.constexpr,
     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
     BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
-    """Programs [0, num_kv_blocks) of axis 0 compute dK/dV of one key block; the next
-    group * num_q_blocks compute dQ of one query block of one query head of the group. One grid for
-    both kinds lets them share the SMs (FlexAttention's layout): measured 394 vs 366 TFLOP/s for two
-    launches at hd128 on an H200 (benchmarks/NOTES.md)."""
-    pid = tl.program_id(0)
-    i_bhk = tl.program_id(1)
+    """Deterministic (ATOMIC_DQ off): programs [0, num_kv_blocks) of axis 0 compute dK/dV of one key
+    block; the next group * num_q_blocks compute dQ of one query block of one query head of the group.
+    One grid for both kinds lets them share the SMs (FlexAttention's layout): measured 394 vs 366
+    TFLOP/s for two launches at hd128 on an H200 (benchmarks/NOTES.md).
+
+    ATOMIC_DQ: grid (batch * nheads_k, num_kv_blocks), dK/dV programs only, dQ by atomics into p_dqa.
+    Heads vary fastest so the first wave holds key block 0 of every head: under a causal mask those
+    are the heaviest programs (they see every query block), and concurrent programs of one head are
+    few, so few of them add into the same dQ rows at once."""
+    if ATOMIC_DQ:
+        i_bhk = tl.program_id(0)
+        pid = tl.program_id(1)
+    else:
+        pid = tl.program_id(0)
+        i_bhk = tl.program_id(1)
     i_b = i_bhk // nheads_k
     i_hk = i_bhk % nheads_k
     if pid < num_kv_blocks:
         _dkdv_program(
-            pid, i_b, i_hk, p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv, p_cu_seqlens_q,
+            pid, i_b, i_hk, p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv, p_dqa, p_cu_seqlens_q,
             p_cu_seqlens_k, p_alibi, p_bias, p_rng,
             stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h,
             stride_v_b, stride_v_s, stride_v_h, stride_do_b, stride_do_s, stride_do_h,
             stride_dk_b, stride_dk_s, stride_dk_h, stride_dv_b, stride_dv_s, stride_dv_h,
+            stride_dqa_b, stride_dqa_s, stride_dqa_h,
             stride_lse_b, stride_lse_h, stride_alibi_b,
             stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
             nheads_q, group, seqlen_q, seqlen_k, head_dim,
             sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
             IS_VARLEN, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-            BLOCK_M1, BLOCK_N1, BLOCK_D, EVEN_D)
-    else:
+            ATOMIC_DQ, STAGGER, BLOCK_M1, BLOCK_N1, BLOCK_D, EVEN_D)
+    elif not ATOMIC_DQ:
         j = pid - num_kv_blocks
         i_m = num_q_blocks - 1 - j % num_q_blocks             # heaviest (causal) query blocks first
         _dq_program(
@@ -340,6 +376,14 @@ def _flash_bwd_kernel(
             sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
             IS_VARLEN, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
             BLOCK_M2, BLOCK_N2, BLOCK_D, EVEN_D)
+
+
+@triton.jit
+def _dq_convert_kernel(p_acc, p_dq, numel, sm_scale, BLOCK: tl.constexpr):
+    """dq = acc * sm_scale in dq's dtype, over the flat contiguous buffers (one read, one write)."""
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = o < numel
+    tl.store(p_dq + o, (tl.load(p_acc + o, mask=m, other=0.0) * sm_scale).to(p_dq.dtype.element_ty), mask=m)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -361,31 +405,69 @@ def backward_config(head_dim_block: int, dtype: torch.dtype) -> dict:
     return dict(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1)
 
 
+# The fp32 atomic dQ path for deterministic=False. Off until measured on an H200 (issue 3): the atomic
+# path does 5 matrix products instead of 7 but adds 0.4 * R / BLOCK_N1 bytes/s of fp32 reductions into L2
+# at R reported FLOP/s (each [BLOCK_M, D] dQ tile, 4 * BLOCK_M * D bytes, carries 10 * BLOCK_M *
+# BLOCK_N1 * D FLOPs): 1.6 TB/s at 500 TFLOP/s with 128 keys per program.
+ATOMIC_DQ = False
+
+
+def atomic_backward_config(head_dim_block: int, dtype: torch.dtype) -> dict:
+    """Tiles of the atomic path: a program holds BLOCK_N1 keys (dK, dV fp32 accumulators) and streams
+    BLOCK_M1 queries; per query tile it also holds the [BLOCK_M1, D] dQ part. BLOCK_N1 = 128 halves the
+    atomic traffic of 64 (see ATOMIC_DQ). STAGGER rotates the unmasked query loop per key block.
+    Starting points (FA3's hd128 backward tile is 64 queries x 128 keys, 8 warps) for the H200 sweep in
+    benchmarks/tune_flash_bwd.py; the choice is the lead's once measured."""
+    if INTERPRET:
+        return dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=True)
+    if dtype == torch.float32:
+        return dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=False)
+    if head_dim_block <= 64:
+        return dict(BLOCK_M1=64, BLOCK_N1=128, num_warps=8, num_stages=2, STAGGER=False)
+    if head_dim_block <= 128:
+        return dict(BLOCK_M1=64, BLOCK_N1=128, num_warps=8, num_stages=2, STAGGER=False)
+    return dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=False)
+
+
+# 2048 fp32 per program, 4 warps: 16 elements (four 16-byte vectors) per thread, enough in flight to
+# stream at the copy rate; the whole pass is ~1.5% of the backward at S = 8192 (6 bytes per dQ element).
+_CONVERT_BLOCK = 2048
+
+
 def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window_left: int = -1,
                         window_right: int = -1, bottom_right: bool = True, softcap: float = 0.0,
                         alibi_slopes=None, attn_bias=None, dropout_p: float = 0.0, rng_state=None,
-                        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0, max_seqlen_k: int = 0):
+                        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0, max_seqlen_k: int = 0,
+                        deterministic: bool = False, atomic_dq: bool | None = None, config: dict | None = None):
     """Launch the preprocess and the fused backward kernel; same arguments as flash_attn_forward plus
     dout, out and lse.
+
+    deterministic=True always takes the no-atomics grid (bit-identical gradients run to run);
+    deterministic=False takes the atomic-dQ grid when ``atomic_dq`` (default: the module's ATOMIC_DQ) is
+    on. ``config`` overrides the tile table of the path taken (backward_config / atomic_backward_config
+    keys; for tuning).
     Returns (dq, dk, dv), contiguous, shaped like q, k, v."""
     is_varlen = cu_seqlens_q is not None
+    use_atomic = (ATOMIC_DQ if atomic_dq is None else atomic_dq) and not deterministic
     head_dim = q.shape[-1]
     nheads_q, nheads_k = q.shape[-2], k.shape[-2]
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    # The fp32 dQ accumulator (shaped like q, contiguous); a dummy pointer on the deterministic path.
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if use_atomic else dq
     if is_varlen:
         batch = cu_seqlens_q.numel() - 1
         seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
-        strides = [(0,) + t.stride() for t in (q, k, v, out, dout, dq, dk, dv)]
+        strides = [(0,) + t.stride() for t in (q, k, v, out, dout, dq, dk, dv, dq_acc)]
         lse_strides = (0, lse.stride(0))
     else:
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-        strides = [t.stride() for t in (q, k, v, out, dout, dq, dk, dv)]
+        strides = [t.stride() for t in (q, k, v, out, dout, dq, dk, dv, dq_acc)]
         lse_strides = (lse.stride(0), lse.stride(1))
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    q_s, k_s, v_s, o_s, do_s, dq_s, dk_s, dv_s = (s[:3] for s in strides)
+    q_s, k_s, v_s, o_s, do_s, dq_s, dk_s, dv_s, dqa_s = (s[:3] for s in strides)
 
     block_d = head_dim_block(head_dim)
     delta = torch.empty_like(lse)
@@ -399,13 +481,24 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
                           softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
                           dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
                           cu_seqlens_k=cu_seqlens_k, dummy=dq)
-    cfg = backward_config(block_d, q.dtype)
-    num_kv_blocks = cdiv(seqlen_k, cfg["BLOCK_N1"])
-    num_q_blocks = cdiv(seqlen_q, cfg["BLOCK_M2"])
     group = nheads_q // nheads_k
-    _flash_bwd_kernel[(num_kv_blocks + group * num_q_blocks, batch * nheads_k)](
-        q, k, v, dout, lse, delta, dq, dk, dv, *opts.pointers,
-        *q_s, *k_s, *v_s, *do_s, *dq_s, *dk_s, *dv_s, *lse_strides, *opts.strides,
+    if use_atomic:
+        cfg = dict(config or atomic_backward_config(block_d, q.dtype))
+        stagger = cfg.pop("STAGGER", False)
+        cfg.update(BLOCK_M2=cfg["BLOCK_M1"], BLOCK_N2=cfg["BLOCK_N1"])     # unused by this grid
+        num_kv_blocks, num_q_blocks = cdiv(seqlen_k, cfg["BLOCK_N1"]), 0
+        grid = (batch * nheads_k, num_kv_blocks)
+    else:
+        cfg, stagger = dict(config or backward_config(block_d, q.dtype)), False
+        num_kv_blocks = cdiv(seqlen_k, cfg["BLOCK_N1"])
+        num_q_blocks = cdiv(seqlen_q, cfg["BLOCK_M2"])
+        grid = (num_kv_blocks + group * num_q_blocks, batch * nheads_k)
+    _flash_bwd_kernel[grid](
+        q, k, v, dout, lse, delta, dq, dk, dv, dq_acc, *opts.pointers,
+        *q_s, *k_s, *v_s, *do_s, *dq_s, *dk_s, *dv_s, *dqa_s, *lse_strides, *opts.strides,
         nheads_q, nheads_k, group, seqlen_q, seqlen_k, head_dim, num_kv_blocks, num_q_blocks,
-        softmax_scale, *opts.scalars, **opts.flags, **cfg)
+        softmax_scale, *opts.scalars, **opts.flags, ATOMIC_DQ=use_atomic, STAGGER=stagger, **cfg)
+    if use_atomic:
+        _dq_convert_kernel[(cdiv(dq.numel(), _CONVERT_BLOCK),)](dq_acc, dq, dq.numel(), softmax_scale,
+                                                                BLOCK=_CONVERT_BLOCK, num_warps=4)
     return dq, dk, dv
