@@ -111,6 +111,7 @@ def test_launch_modes(device, monkeypatch, mode, layout):
     """Small caps force the looped (two passes in one program) and the split (stats kernel + partials)
     paths, with partial last tiles and chunks (5 x 7 = 35 pixels: tiles of 4 x 4, chunks of 12, 12 and 11 pixels)."""
     monkeypatch.setattr(gn_ops, "USE_RESIDENT", False)
+    monkeypatch.setattr(gn_ops, "CHUNKED_CHANNELS_LAST", False)   # the legacy per-group programs
     monkeypatch.setattr(gn_ops, "ONE_TILE_FWD", 16)
     monkeypatch.setattr(gn_ops, "ONE_TILE_BWD", 16)
     monkeypatch.setattr(gn_ops, "LOOP_TILE", 16)
@@ -164,6 +165,70 @@ def test_resident_mode(device, monkeypatch, layout, chunk, pps, run_bytes):
         t = make((2, 12, 5, 7), F32, device, layout=layout, residual=residual, shift=300.0)
         check(t, 3, "silu", TOL[F32])
     check(make((2, 12, 5, 7), F16, device, layout=layout, weight=False, residual=None), 3, "gelu", TOL[F16])
+
+
+# (layout, shape, groups, activation, weight, residual, tile, SMs, wave samples, dtype): tiny tiles, many
+# "SMs" and small waves force several pixel chunks (a ragged last chunk and last tile), channel blocks that
+# straddle groups (NCHW: 2 channels of groups of 3) or masked channels (channels_last: 16 of 12), and waves.
+CHUNKED_CASES = [
+    pytest.param(None, (2, 12, 5, 7), 4, "silu", True, (2, 12, 1, 1), 128, 16, 0, F32, id="nchw-silu-temb"),
+    pytest.param(CL, (2, 12, 5, 7), 3, "silu", True, (2, 12, 1, 1), 32, 4, 0, F32, id="cl-silu-temb"),
+    pytest.param(None, (2, 12, 5, 7), 3, "mish", True, "full", 32, 16, 1, F32, id="nchw-mish-full-waves"),
+    pytest.param(CL, (3, 12, 5, 7), 3, "mish", True, "full", 32, 4, 2, F32, id="cl-mish-full-waves"),
+    pytest.param(None, (3, 12, 11), 3, "gelu", False, (3, 12, 1), 8, 8, 2, F32, id="ncl-gelu-noaffine"),
+    pytest.param(CL, (2, 12, 5, 7), 4, "gelu", True, (1, 1, 5, 7), 32, 4, 1, F32, id="cl-gelu-spatial-res"),
+    pytest.param(CL, (2, 12, 5, 7), 3, None, True, None, 32, 4, 0, F32, id="cl-none-nores"),
+    pytest.param(None, (2, 12, 5, 7), 3, None, False, (12, 1, 1), 16, 8, 0, F32, id="nchw-none-channel-res"),
+    pytest.param(CL, (2, 12, 5, 7), 3, "silu", True, "full", 32, 4, 1, F16, id="cl-silu-full-fp16"),
+    pytest.param(None, (2, 12, 5, 7), 3, "silu", True, (2, 12, 1, 1), 32, 8, 1, F16, id="nchw-silu-temb-fp16"),
+]
+
+
+@pytest.mark.parametrize("layout, shape, groups, activation, weight, residual, tile, sms, wave, dtype",
+                         CHUNKED_CASES)
+def test_chunked_mode(device, monkeypatch, layout, shape, groups, activation, weight, residual, tile, sms, wave,
+                      dtype):
+    """CHUNKED (per-channel partials over pixel chunks, per-group finalize, waves of samples): output and
+    every gradient, a mean far from 0 (no E[s^2] - mean^2). NCHW is forced in with a tiny one-tile cap."""
+    x = torch.empty(shape, device=device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    inputs = 3 if residual == "full" else 2                 # the backward's wave counts x, dy (and residual)
+    for name, value in (("USE_RESIDENT", False), ("CHUNKED_NCHW", True), ("CHUNKED_CHANNELS_LAST", True),
+                        ("ONE_TILE_FWD", 16), ("ONE_TILE_BWD", 16), ("CHUNK_TILE", tile),
+                        ("INTERPRETER_SMS", sms), ("WAVE_BYTES", wave * x[0].numel() * itemsize * inputs)):
+        monkeypatch.setattr(gn_ops, name, value)
+    cl = layout is CL
+    hw = x[0, 0].numel()
+    assert gn_ops._use_chunked(groups, shape[1] // groups, hw, cl, 16)
+    plan = gn_ops.chunk_plan(shape[0], shape[1], hw, cl, x[0].numel() * itemsize * inputs,
+                             gn_ops._chunk_config(x.device))
+    assert plan.block_c * plan.block_hw <= tile and plan.chunk_hw % plan.block_hw == 0
+    cpg = shape[1] // groups
+    assert plan.n_chunks > 1 or plan.chunk_hw > plan.block_hw or cpg % plan.block_c, \
+        "several chunks, several tiles per chunk, or channel blocks straddling groups"
+    assert plan.wave == (wave or shape[0])
+    t = make(shape, dtype, device, layout=layout, weight=weight, bias=weight, residual=residual,
+             shift=300.0 if dtype is F32 else 3.0)
+    check(t, groups, activation, TOL[dtype])
+
+
+def test_chunk_plan_at_real_sizes():
+    """SD shapes on 132 SMs: >= 2 programs per SM in every wave, whole 128-byte channels_last rows, waves
+    within WAVE_BYTES (or one sample), chunks that cover HW exactly once."""
+    for n, c, hw in ((2, 320, 4096), (8, 320, 16384), (16, 640, 4096), (16, 1280, 1024), (1, 30, 90601)):
+        for cl in (False, True):
+            for inputs in (1, 2):
+                cfg = gn_ops.ChunkConfig(gn_ops.CHUNK_TILE, gn_ops.CHUNK_ELEMENTS_PER_WARP,
+                                         gn_ops.CHUNK_PROGRAMS_PER_SM, gn_ops.WAVE_BYTES, 1, 132)
+                p = gn_ops.chunk_plan(n, c, hw, cl, c * hw * 2 * inputs, cfg)
+                assert p.block_c * p.block_hw <= gn_ops.CHUNK_TILE
+                assert p.chunk_hw % p.block_hw == 0 and (p.n_chunks - 1) * p.chunk_hw < hw <= p.n_chunks * p.chunk_hw
+                assert p.wave == 1 or p.wave * c * hw * 2 * inputs <= gn_ops.WAVE_BYTES
+                if c % 64 == 0:
+                    assert p.block_c * p.block_hw == gn_ops.CHUNK_TILE and p.num_warps == 8
+                    assert p.wave * p.n_chunks * p.n_cblocks >= 2 * 132
+                    if cl:
+                        assert p.block_c * 2 >= 128 and c % p.block_c == 0
 
 
 def test_resident_plan_invariants():

@@ -38,6 +38,7 @@ from .group_norm_details._kernels import (
     _group_norm_fwd_kernel,
     _group_norm_fwd_stats_kernel,
 )
+from .group_norm_details._chunked_launch import ChunkConfig, chunk_plan, chunked_backward, chunked_forward  # noqa: F401
 from .group_norm_details._resident import _group_norm_bwd_resident_kernel, _group_norm_fwd_resident_kernel
 
 ACTIVATIONS = {"none": 0, "silu": 1, "mish": 2, "gelu": 3}      # codes of group_norm_details/_kernels.py
@@ -87,6 +88,14 @@ RESIDENT_SYNC = True   # one launch with the in-kernel counter meeting (False: t
 # copy; LOOP: 0.09 ms), (16, 640, 64, 64) 1.47 ms, (2, 320, 64, 64) 0.15 ms; channels_last about as before
 # (0.29 / 0.20 ms vs 0.36 / 0.18). Kept, tested on both tiers, for the next round of measurement.
 USE_RESIDENT = False   # True: RESIDENT for large and channels_last groups instead of LOOP / SPLIT
+# CHUNKED mode (group_norm_details/_chunked*.py; the arithmetic is in _chunked_launch.py): programs over
+# (sample, pixel chunk, channel block) slabs with per-channel partials, a tiny per-group finalize, x re-read
+# from L2 in waves of WAVE_BYTES. On for channels_last (the old per-group programs read 20..80-byte runs at a
+# C-element stride: 10-26% of copy); for NCHW groups too large for one tile behind CHUNKED_NCHW until measured.
+CHUNKED_CHANNELS_LAST, CHUNKED_NCHW = True, False
+CHUNK_TILE, CHUNK_ELEMENTS_PER_WARP, CHUNK_PROGRAMS_PER_SM = 4096, 512, 4   # 8 KB bf16 tiles on 8 warps
+WAVE_BYTES = 24 << 20   # input bytes per wave (0: whole tensor at once); ~half the H200's 50 MB L2
+CHUNK_STAGES = 1        # tl.range pipelining of the tile loops (1: none; a tune knob)
 SPIN_LIMIT = 1 << 21   # ~1 s of polling before a unit gives up with NaN statistics (never in a sound launch)
 
 
@@ -219,6 +228,17 @@ def _resident_plan_cached(n, groups, cpg, hw, channels_contiguous, elt_bytes, ch
                          warps, maxnreg)
 
 
+def _use_chunked(groups: int, cpg: int, hw: int, channels_last: bool, one_tile: int) -> bool:
+    if channels_last:
+        return CHUNKED_CHANNELS_LAST
+    return CHUNKED_NCHW and next_power_of_2(cpg) * next_power_of_2(hw) > one_tile
+
+
+def _chunk_config(device: torch.device) -> ChunkConfig:
+    return ChunkConfig(CHUNK_TILE, CHUNK_ELEMENTS_PER_WARP, CHUNK_PROGRAMS_PER_SM, WAVE_BYTES, CHUNK_STAGES,
+                       _num_sms(device))
+
+
 _COUNTERS: dict = {}
 _OUTGROWN_COUNTERS: list = []   # replaced buffers, kept alive for the graphs that captured them
 
@@ -312,6 +332,10 @@ def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = No
         _forward_resident(x, r, weight, bias, y, mean, rstd, residual is not None, num_groups, eps, activation,
                           (n, hw, cpg, cl), sx, sr, sy)
         return y, mean, rstd
+    if _use_chunked(num_groups, cpg, hw, cl, ONE_TILE_FWD):
+        chunked_forward(x, r, weight, bias, y, mean, rstd, (sx, sr, sy), residual is not None, num_groups, eps,
+                        ACTIVATIONS[activation], _chunk_config(x.device), _alloc)
+        return y, mean, rstd
     plan = _plan(n, num_groups, cpg, hw, sx[1] == 1 and hw > 1, ONE_TILE_FWD, FWD_ELEMENTS_PER_WARP, x.device)
     grid = (n * num_groups, plan.n_chunks)
     part = mean  # stands in when there are no partials (never touched: MODE is not SPLIT)
@@ -394,6 +418,14 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
             dy, x, r, weight, bias, mean, rstd, dx, residual is not None, num_groups, activation, compute_dw,
             compute_db, dres_in_kernel)
         return dx, *_reduce_parts(x, residual, weight, bias, n, c, dw_part, db_part, dres_part)
+    if x.numel() > 0 and _use_chunked(num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD):
+        r = x if residual is None else _expand_residual(residual, x)
+        strides = tuple(_nchw_strides(t) for t in (x, r, dy, dx))
+        dw_part, db_part, dres_part = chunked_backward(
+            dy, x, r, weight, bias, mean, rstd, dx, strides, residual is not None, num_groups,
+            ACTIVATIONS[activation], dres_in_kernel, _chunk_config(x.device), _alloc)
+        return dx, *_reduce_parts(x, residual, weight, bias, n, c, dw_part if compute_dw else None,
+                                  db_part if compute_db else None, dres_part)
     plan = _plan(n, num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD, BWD_ELEMENTS_PER_WARP,
                  x.device)
     k = plan.n_chunks
