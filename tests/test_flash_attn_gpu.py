@@ -296,3 +296,93 @@ def test_torch_compile_fullgraph(api):
         assert comp.shape == eager.shape and comp.dtype == eager.dtype, name
         assert torch.equal(comp, eager), (f"{name}: compiled differs from eager by up to "
                                           f"{(comp.float() - eager.float()).abs().max().item():.3e}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Fast forward path (flash_fwd.FAST_FORWARD): its table and every knob of the tune script's sweep
+# ----------------------------------------------------------------------------------------------------
+
+from flashfuse.ops.attention import flash_fwd  # noqa: E402
+
+
+def _fast_cfg(kind, bm, bn, warps, stages):
+    return flash_fwd._fast(bm, bn, warps, stages, split=kind == "split", tma=kind != "ptr", ws=kind == "ws")
+
+
+# benchmarks/tune_flash_fwd.py's candidates (all compile for sm_90 with triton 3.6); FAST_CONFIGS below.
+FAST_GPU_CONFIGS = [
+    (64, ("ws", 128, 128, 4, 3)), (64, ("tma", 128, 128, 8, 3)), (64, ("tma", 128, 64, 8, 3)),
+    (64, ("split", 128, 128, 4, 2)), (64, ("ws", 128, 64, 4, 3)), (64, ("split", 256, 128, 8, 2)),
+    (64, ("tma", 128, 64, 4, 3)), (64, ("ptr", 128, 128, 8, 3)),
+    (128, ("ws", 128, 128, 4, 2)), (128, ("tma", 128, 128, 8, 2)), (128, ("tma", 128, 64, 8, 3)),
+    (128, ("tma", 128, 128, 8, 3)), (128, ("ws", 128, 64, 4, 4)), (128, ("ptr", 128, 128, 8, 3)),
+]
+
+
+# (dtype, (seqlen_q, seqlen_k), heads, options): every config gets the first case and one of the others.
+FAST_GPU_SHAPES = [
+    (BF16, (1021, 1037), GQA, {"causal": True}),             # ragged ends, causal diagonal
+    (F16, (2048, 2048), MHA, {}),                           # even key blocks (EVEN_K)
+    (BF16, (1100, 1000), MQA, {"causal": True}),            # rows with no visible key
+    (F16, (777, 1500), MHA, {"window_size": (-1, 64)}),     # a right window, ragged
+]
+FAST_GPU_CASES = [(d, spec, *FAST_GPU_SHAPES[j]) for i, (d, spec) in enumerate(FAST_GPU_CONFIGS)
+                  for j in (0, 1 + i % 3)]
+
+
+@pytest.mark.parametrize("headdim, spec, dtype, seqlens, heads, opts", FAST_GPU_CASES,
+                         ids=["d{}-{}-{}x{}-w{}-s{}".format(c[0], *c[1]) + f"-{c[3][0]}x{c[3][1]}"
+                              for c in FAST_GPU_CASES])
+def test_fast_forward_configs_gpu(monkeypatch, headdim, spec, dtype, seqlens, heads, opts):
+    """Each swept config of the fast kernel (the pointer kernel removed), out / lse / every gradient against
+    the fp32 reference; ragged last key blocks, rows with no visible key."""
+    monkeypatch.setattr(flash_fwd, "FAST_FORWARD", True)
+    monkeypatch.setattr(flash_fwd, "fast_forward_config", lambda *a: _fast_cfg(*spec))
+    monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
+    q, k, v = rand_qkv(2, *seqlens, *heads, headdim, dtype=dtype, device="cuda")
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
+    grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse,
+                                             ref_dtype=REF)
+    assert_zero_rows("out", out.detach(), no_key_rows_flash(ref_lse))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_fast_forward_table_gpu(monkeypatch, headdim, causal):
+    """FAST_CONFIGS at a benchmark shape (16384 tokens, model dim 2048, S = 4096): the launcher picks the
+    fast kernel by itself; output within bf16 rounding of SDPA's math backend in fp32."""
+    monkeypatch.setattr(flash_fwd, "FAST_FORWARD", True)
+    monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
+    q, k, v = (torch.randn(4, 4096, 2048 // headdim, headdim, device="cuda", dtype=BF16) for _ in range(3))
+    out = flash_attn_func(q, k, v, causal=causal)
+    ref = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2).float() for t in (q, k, v)),
+                                                           is_causal=causal).transpose(1, 2)
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, f"rel err {err:.2e}"
+
+
+def test_fast_forward_graph_compile_thread_gpu(monkeypatch):
+    """The fast kernel's device-side descriptors need triton's allocator: under CUDA-graph capture and
+    replay, torch.compile(fullgraph=True), and in a new thread (the allocator is a context variable)."""
+    import threading
+
+    monkeypatch.setattr(flash_fwd, "FAST_FORWARD", True)
+    monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
+    q, k, v = (torch.randn(2, 2048, 8, 128, device="cuda", dtype=BF16) for _ in range(3))
+    eager = flash_attn_func(q, k, v, causal=True)
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        flash_attn_func(q, k, v, causal=True)
+        with torch.cuda.graph(graph, stream=stream):
+            captured = flash_attn_func(q, k, v, causal=True)
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager), "graph replay differs from eager"
+    compiled = torch.compile(lambda a, b, c: flash_attn_func(a, b, c, causal=True), fullgraph=True)(q, k, v)
+    assert torch.equal(compiled, eager), "torch.compile differs from eager"
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(out=flash_attn_func(q, k, v, causal=True)))
+    thread.start()
+    thread.join()
+    assert torch.equal(result["out"], eager), "a new thread's call differs from eager"
