@@ -1,22 +1,30 @@
-"""Tune flashfuse's GroupNorm + SiLU (issue 5) on a GPU: launch-mode variants x SD shapes x layouts.
+"""Tune flashfuse's GroupNorm + SiLU (issue 5) on a GPU: old vs new launch plans x SD shapes x layouts.
 
-    PYTHONPATH=src python benchmarks/tune_group_norm.py --out DIR
+    PYTHONPATH=src python benchmarks/tune_group_norm.py --out DIR [--only REGEX]
 
 Variants are module knobs of ``flashfuse.ops.group_norm`` (no code edits):
-    resident      the defaults: RESIDENT, one launch, 16384 / 8192-element chunks, 1 program per SM
-    res-pps2      half the chunk, 2 programs per SM (maxnreg 64; ptxas spills a little)
-    res-2launch   RESIDENT chunks, but two launches (phase 1 partials, phase 2 reload): x read twice
-    legacy        USE_RESIDENT = False: ONE_TILE / LOOP / SPLIT of the previous session
-    eager         PyTorch F.silu(F.group_norm(x)) (the peer)
-Each variant is checked against fp32 eager (rel err of y, and of dx for fwd+bwd; fails loudly), then
-timed with triton.testing.do_bench_cudagraph. Bytes: fwd reads x and writes y (2 tensors), fwd+bwd adds
-x and dy read and dx written (5). % is of the copy ceiling measured here (the bench's: 1 GiB fp32 copy_, read + write).
-The whole run stops adding rows after BUDGET_S seconds (the table says which rows are missing).
+    legacy          ONE_TILE / LOOP / SPLIT, one program per group (CHUNKED off in both layouts)
+    chunked         CHUNKED in both layouts, 24 MB waves of samples (x re-read from L2)
+    chunked-1wave   CHUNKED, the whole tensor in one wave (second read of the 84 MB shapes from HBM)
+    chunked-st2     CHUNKED, tile loops software-pipelined over 2 stages (tl.range num_stages)
+    chunked-pps2    CHUNKED, 2 programs per SM (fewer, longer chunks; fewer partials)
+    eager           PyTorch F.silu(F.group_norm(x)) (the peer)
+    compile         torch.compile of the same (forward only: its backward through autograd is not graph-safe
+                    in this script)
+Forward rows time ``group_norm_forward``; fwd+bwd rows time ``group_norm_forward`` + ``group_norm_backward``
+(the launchers, not autograd) inside one CUDA graph (``triton.testing.do_bench_cudagraph``); the eager
+fwd+bwd peer runs through autograd with do_bench (no graph). Every variant is checked against fp32 eager
+first (rel err of y and dx); a wrong one is printed as WRONG and not timed. Bytes: fwd reads x and writes y
+(2 tensors), fwd+bwd adds x and dy read and dx written (5). % of the bench's copy ceiling
+(``measure_ceilings``). Rows print as measured; the new (CHUNKED) variants run last, after every old and peer
+row (an illegal address would poison the CUDA context for everything after it). The run stops adding rows
+after BUDGET_S seconds.
 """
 
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -26,31 +34,28 @@ import triton
 
 import flashfuse.ops.group_norm as gn
 
-BUDGET_S = 75.0
-SHAPES = [(2, 320, 64, 64), (8, 320, 128, 128), (16, 640, 64, 64), (16, 1280, 32, 32), (2, 640, 32, 32),
-          (2, 1280, 16, 16)]
-DEFAULTS = {k: getattr(gn, k) for k in ("USE_RESIDENT", "RESIDENT_SYNC", "RESIDENT_CHUNK_FWD",
-                                        "RESIDENT_CHUNK_BWD", "RESIDENT_ELEMENTS_PER_WARP_FWD",
-                                        "RESIDENT_ELEMENTS_PER_WARP_BWD", "RESIDENT_PROGRAMS_PER_SM")}
-VARIANTS = {
-    "resident": {},
-    "res-pps2": dict(RESIDENT_CHUNK_FWD=8192, RESIDENT_CHUNK_BWD=4096, RESIDENT_ELEMENTS_PER_WARP_FWD=512,
-                     RESIDENT_ELEMENTS_PER_WARP_BWD=256, RESIDENT_PROGRAMS_PER_SM=2),
-    "res-2launch": dict(RESIDENT_SYNC=False),
-    "legacy": dict(USE_RESIDENT=False),
+BUDGET_S = 100.0
+SHAPES = [(2, 320, 64, 64), (8, 320, 128, 128), (16, 640, 64, 64), (16, 1280, 32, 32)]
+KNOBS = ("USE_RESIDENT", "CHUNKED_CHANNELS_LAST", "CHUNKED_NCHW", "WAVE_BYTES", "CHUNK_STAGES",
+         "CHUNK_PROGRAMS_PER_SM")
+DEFAULTS = {k: getattr(gn, k) for k in KNOBS}
+ON = dict(CHUNKED_CHANNELS_LAST=True, CHUNKED_NCHW=True)
+VARIANTS = {   # in run order: peers and old first, new last
+    "eager": None,
+    "compile": None,
+    "legacy": dict(USE_RESIDENT=False, CHUNKED_CHANNELS_LAST=False, CHUNKED_NCHW=False),
+    "chunked": dict(ON),
+    "chunked-1wave": dict(ON, WAVE_BYTES=0),
+    "chunked-st2": dict(ON, CHUNK_STAGES=2),
+    "chunked-pps2": dict(ON, CHUNK_PROGRAMS_PER_SM=2),
 }
-# (the two-launch variant and res-pps2's backward only on the first shapes: every variant compiles its own
-# kernels, seconds each on the GPU host, and the run must stay under 90 s)
-MODES = {"fwd": ("resident", "res-pps2", "res-2launch", "legacy", "eager"),
-         "fwd+bwd": ("resident", "res-pps2", "legacy", "eager")}
-EXTRA_UNTIL = 2          # res-2launch (fwd) and res-pps2 (fwd+bwd) on SHAPES[:EXTRA_UNTIL] only
-GROUPS, DTYPE = 32, torch.bfloat16
+GROUPS, DTYPE, EPS = 32, torch.bfloat16, 1e-5
 
 
 def set_variant(name):
-    for k, v in {**DEFAULTS, **VARIANTS.get(name, {})}.items():
+    for k, v in {**DEFAULTS, **(VARIANTS.get(name) or {})}.items():
         setattr(gn, k, v)
-    gn._resident_plan_cached.cache_clear()
+    gn.chunk_plan.cache_clear()
 
 
 def inputs(shape, layout):
@@ -60,13 +65,8 @@ def inputs(shape, layout):
     c = shape[1]
     w = (1 + 0.1 * torch.randn(c, device="cuda")).to(DTYPE)
     b = (0.1 * torch.randn(c, device="cuda")).to(DTYPE)
-    return x, w, b
-
-
-def forward_fn(variant):
-    if variant == "eager":
-        return lambda x, w, b: F.silu(F.group_norm(x, GROUPS, w, b, 1e-5))
-    return lambda x, w, b: gn.group_norm(x, GROUPS, w, b, 1e-5, "silu")
+    dy = torch.randn_like(x)
+    return x, w, b, dy
 
 
 def rel(a, b):
@@ -75,67 +75,104 @@ def rel(a, b):
 
 def reference(x, w, b, dy):
     xr, wr, br = (t.detach().float().requires_grad_() for t in (x, w, b))
-    y = F.silu(F.group_norm(xr, GROUPS, wr, br, 1e-5))
+    y = F.silu(F.group_norm(xr, GROUPS, wr, br, EPS))
     dx, = torch.autograd.grad(y, (xr,), dy.float())
-    return y, dx
+    return y.detach(), dx
 
 
-def bench(fn):
-    return triton.testing.do_bench_cudagraph(fn, rep=20)
+_COMPILED = {}
+
+
+def make_run(variant, mode, x, w, b, dy):
+    """(callable to time, outputs to check (y, dx or None), use the CUDA graph)."""
+    if variant in ("eager", "compile"):
+        if variant == "compile":
+            key = (tuple(x.shape), x.stride())
+            if key not in _COMPILED:
+                _COMPILED[key] = torch.compile(lambda x, w, b: F.silu(F.group_norm(x, GROUPS, w, b, EPS)),
+                                               dynamic=False)
+            f = _COMPILED[key]
+        else:
+            def f(x, w, b):
+                return F.silu(F.group_norm(x, GROUPS, w, b, EPS))
+        if mode == "fwd":
+            return (lambda: f(x, w, b)), (f(x, w, b), None), True
+        xg = x.detach().requires_grad_()
+        y = f(xg, w, b)
+        dx, = torch.autograd.grad(y, (xg,), dy)
+        return (lambda: torch.autograd.grad(f(xg, w, b), (xg,), dy)), (y, dx), False
+
+    def fwd():
+        return gn.group_norm_forward(x, GROUPS, w, b, EPS, "silu")
+
+    def fwd_bwd():
+        y, mean, rstd = fwd()
+        return y, gn.group_norm_backward(dy, x, GROUPS, w, b, mean, rstd, "silu")[0]
+
+    y, dx = fwd_bwd()
+    return (fwd if mode == "fwd" else fwd_bwd), (y, dx if mode != "fwd" else None), True
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", default=None, help="regex over 'variant mode shape layout'")
     args = ap.parse_args()
     t0 = time.time()
     from flashfuse.bench.harness import measure_ceilings
-    ceiling = measure_ceilings("cuda")["copy_GBps"]    # the bench's (fp32 copy): uint8 copy_ runs at ~2.7 TB/s
+    ceiling = measure_ceilings("cuda")["copy_GBps"]
     print(f"copy ceiling {ceiling:.0f} GB/s ({torch.cuda.get_device_name()})", flush=True)
-    rows, skipped = [], []
-    for i_shape, shape in enumerate(SHAPES):
+    data = {}
+    for shape in SHAPES:
         for layout in ("nchw", "cl"):
-            x, w, b = inputs(shape, layout)
-            dy = torch.randn_like(x)
-            y_ref, dx_ref = reference(x, w, b, dy)
-            for mode, variants in MODES.items():
-                for variant in variants:
-                    if i_shape >= EXTRA_UNTIL and (variant, mode) in (("res-2launch", "fwd"),
-                                                                      ("res-pps2", "fwd+bwd")):
-                        continue
-                    tag = f"{variant:12s} {mode:7s} {'x'.join(map(str, shape)):16s} {layout}"
-                    if time.time() - t0 > BUDGET_S:
-                        skipped.append(tag)
-                        continue
-                    set_variant(variant)
-                    f = forward_fn(variant)
-                    if mode == "fwd":
-                        y = f(x, w, b)
-                        err = rel(y, y_ref)
-                        run = lambda: f(x, w, b)  # noqa: E731
-                    else:
-                        xg, wg, bg = (t.detach().requires_grad_() for t in (x, w, b))
-                        y = f(xg, wg, bg)
-                        dx, = torch.autograd.grad(y, (xg,), dy)
-                        err = max(rel(y, y_ref), rel(dx, dx_ref))
-
-                        def run(f=f, xg=xg, wg=wg, bg=bg):
-                            torch.autograd.grad(f(xg, wg, bg), (xg, wg, bg), dy)
-                    if not err < 2e-2:
-                        raise SystemExit(f"WRONG RESULT: {tag}: rel err {err:.2e}")
-                    t = bench(run)
-                    nbytes = x.numel() * x.element_size() * (2 if mode == "fwd" else 5)
-                    gbps = nbytes / t / 1e6
-                    rows.append(dict(variant=variant, mode=mode, shape=list(shape), layout=layout, ms=t,
-                                     gbps=gbps, pct_ceiling=100 * gbps / ceiling, rel_err=err))
-                    print(f"{tag} {t * 1e3:9.1f} us {gbps:7.0f} GB/s {100 * gbps / ceiling:5.1f}%", flush=True)
-    set_variant("resident")
-    print("\n=== group_norm + silu, bf16, 32 groups (% of copy ceiling "
-          f"{ceiling:.0f} GB/s), {time.time() - t0:.0f} s ===")
-    print(f"{'variant':12s} {'mode':7s} {'shape':16s} {'layout':6s} {'us':>9s} {'GB/s':>7s} {'%copy':>6s}")
+            x, w, b, dy = inputs(shape, layout)
+            data[(shape, layout)] = (x, w, b, dy, *reference(x, w, b, dy))
+    rows, skipped = [], []
+    for variant in VARIANTS:
+        for (shape, layout), (x, w, b, dy, y_ref, dx_ref) in data.items():
+            for mode in ("fwd", "fwd+bwd"):
+                if variant == "compile" and mode != "fwd":
+                    continue
+                tag = f"{variant:13s} {mode:7s} {'x'.join(map(str, shape)):16s} {layout}"
+                if args.only and not re.search(args.only, tag):
+                    continue
+                if time.time() - t0 > BUDGET_S:
+                    skipped.append(tag)
+                    continue
+                set_variant(variant)
+                try:
+                    run, (y, dx), graph = make_run(variant, mode, x, w, b, dy)
+                    err = rel(y, y_ref) if dx is None else max(rel(y, y_ref), rel(dx, dx_ref))
+                except Exception as e:   # a compile failure of one variant: report, go on
+                    print(f"{tag} ERROR {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    rows.append(dict(variant=variant, mode=mode, shape=list(shape), layout=layout, error=str(e)))
+                    continue
+                if not err < 2e-2:
+                    print(f"{tag} WRONG rel err {err:.2e}", flush=True)
+                    rows.append(dict(variant=variant, mode=mode, shape=list(shape), layout=layout, rel_err=err,
+                                     wrong=True))
+                    continue
+                t = triton.testing.do_bench_cudagraph(run, rep=20) if graph else triton.testing.do_bench(run)
+                nbytes = x.numel() * x.element_size() * (2 if mode == "fwd" else 5)
+                gbps = nbytes / t / 1e6
+                rows.append(dict(variant=variant, mode=mode, shape=list(shape), layout=layout, ms=t, gbps=gbps,
+                                 pct_ceiling=100 * gbps / ceiling, rel_err=err, graph=graph))
+                print(f"{tag} {t * 1e3:9.1f} us {gbps:7.0f} GB/s {100 * gbps / ceiling:5.1f}%", flush=True)
+    set_variant(None)   # the module defaults (CHUNKED for channels_last: its rows are "chunked" ... "cl")
+    eager = {(r["mode"], tuple(r["shape"]), r["layout"]): r["ms"] for r in rows
+             if r["variant"] == "eager" and "ms" in r}
+    print(f"\n=== group_norm + silu, bf16, 32 groups, % of copy ceiling {ceiling:.0f} GB/s, "
+          f"{time.time() - t0:.0f} s ===")
+    print(f"{'variant':13s} {'mode':7s} {'shape':16s} {'layout':6s} {'us':>9s} {'GB/s':>7s} {'%copy':>6s} "
+          f"{'vs eager':>8s}")
     for r in rows:
-        print(f"{r['variant']:12s} {r['mode']:7s} {'x'.join(map(str, r['shape'])):16s} {r['layout']:6s} "
-              f"{r['ms'] * 1e3:9.1f} {r['gbps']:7.0f} {r['pct_ceiling']:6.1f}")
+        head = f"{r['variant']:13s} {r['mode']:7s} {'x'.join(map(str, r['shape'])):16s} {r['layout']:6s}"
+        if "ms" not in r:
+            print(f"{head} {'WRONG' if r.get('wrong') else 'ERROR':>9s}")
+            continue
+        peer = eager.get((r["mode"], tuple(r["shape"]), r["layout"]))
+        speed = f"{peer / r['ms']:7.2f}x" if peer else "       -"
+        print(f"{head} {r['ms'] * 1e3:9.1f} {r['gbps']:7.0f} {r['pct_ceiling']:6.1f} {speed}")
     for s in skipped:
         print(f"{s}  (not run: over the {BUDGET_S:.0f} s budget)")
     if args.out:

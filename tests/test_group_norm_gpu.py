@@ -153,3 +153,45 @@ def test_compile_inductor_gpu(layout, dtype):
     torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
     for k in t:
         torch.testing.assert_close(comp_in[k].grad, eager_in[k].grad)
+
+
+@pytest.mark.parametrize("wave_bytes", [24 << 20, 0], ids=["waves", "one-wave"])
+@pytest.mark.parametrize("shape", SD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
+def test_chunked_sd_shapes_gpu(monkeypatch, wave_bytes, shape, layout):
+    """CHUNKED mode (forced for NCHW too) at SD sizes, bf16: several waves of samples for the 84 MB tensors
+    (24 MB waves) and one wave; silu(GN(x + temb)) and every gradient against float64."""
+    monkeypatch.setattr(gn_ops, "USE_RESIDENT", False)
+    monkeypatch.setattr(gn_ops, "CHUNKED_NCHW", True)
+    monkeypatch.setattr(gn_ops, "CHUNKED_CHANNELS_LAST", True)
+    monkeypatch.setattr(gn_ops, "WAVE_BYTES", wave_bytes)
+    n, c = shape[:2]
+    hw = shape[2] * shape[3]
+    assert gn_ops._use_chunked(32, c // 32, hw, layout is CL, gn_ops.ONE_TILE_FWD)
+    t = make(shape, BF16, "cuda", layout=layout, residual=shape[:2] + (1, 1), shift=3.0)
+    check(t, 32, "silu", TOL[BF16], eps=1e-6)
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
+def test_chunked_stages_and_full_residual_gpu(monkeypatch, stages, layout):
+    """The tune knob CHUNK_STAGES (software-pipelined tile loops) and a full residual, fp16, mish."""
+    monkeypatch.setattr(gn_ops, "CHUNKED_NCHW", True)
+    monkeypatch.setattr(gn_ops, "CHUNK_STAGES", stages)
+    t = make((4, 640, 64, 64), F16, "cuda", layout=layout, residual="full", shift=3.0)
+    check(t, 32, "mish", TOL[F16])
+
+
+def test_chunked_cuda_graph_gpu(monkeypatch):
+    """The waves' launches replay in a CUDA graph (the tune script and the bench time them that way)."""
+    monkeypatch.setattr(gn_ops, "CHUNKED_NCHW", True)
+    x = torch.randn(8, 320, 128, 128, device="cuda", dtype=BF16).to(memory_format=CL)
+    w, b = torch.randn(320, device="cuda"), torch.randn(320, device="cuda")
+    y_ref = group_norm(x, 32, w, b, 1e-5, "silu")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = group_norm(x, 32, w, b, 1e-5, "silu")
+    y.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, y_ref)
