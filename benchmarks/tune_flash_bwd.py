@@ -16,7 +16,7 @@ launch cost is hidden behind them).
 Variants (``variants(D)``): ``det-default`` = the shipped deterministic grid; ``det-<cfg>`` = candidate
 tiles for it (FlexAttention's sm_90 backward config from torch's template_heuristics, Triton's
 06-fused-attention tutorial); ``atomic-<cfg>`` = the atomic dQ path (BLOCK_M1 x BLOCK_N1, warps,
-stages, ``-st`` = STAGGER). Every variant's dq/dk/dv is checked against det-default (relative error;
+stages, ``-st`` = STAGGER, ``-kv`` = key-block-major grid instead of heads first). Every variant's dq/dk/dv is checked against det-default (relative error;
 above 1e-2 or non-finite -> WRONG, not timed). Order: peers, the deterministic variants, then the
 atomic ones (new code last: an illegal address would poison the context for everything after it).
 Every row is printed as soon as it is measured. The Triton kernels of all variants are compiled up
@@ -47,15 +47,16 @@ def det(m1, n1, m2, n2, w, s):
     return dict(BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2, num_warps=w, num_stages=s)
 
 
-def atomic(m1, n1, w, s, stagger=False):
-    return dict(BLOCK_M1=m1, BLOCK_N1=n1, num_warps=w, num_stages=s, STAGGER=stagger)
+def atomic(m1, n1, w, s, stagger=False, heads_first=True):
+    return dict(BLOCK_M1=m1, BLOCK_N1=n1, num_warps=w, num_stages=s, STAGGER=stagger, HEADS_FIRST=heads_first)
 
 
 def _name(prefix, c):
     if "BLOCK_M2" in c:
-        return f"{prefix}-{c['BLOCK_M1']}x{c['BLOCK_N1']}+{c['BLOCK_M2']}x{c['BLOCK_N2']}w{c['num_warps']}s{c['num_stages']}"
+        return (f"{prefix}-{c['BLOCK_M1']}x{c['BLOCK_N1']}+{c['BLOCK_M2']}x{c['BLOCK_N2']}"
+                f"w{c['num_warps']}s{c['num_stages']}")
     return (f"{prefix}-{c['BLOCK_M1']}x{c['BLOCK_N1']}w{c['num_warps']}s{c['num_stages']}"
-            + ("-st" if c["STAGGER"] else ""))
+            + ("-st" if c["STAGGER"] else "") + ("" if c.get("HEADS_FIRST", True) else "-kv"))
 
 
 # Candidates, screened offline for compile errors and register spills (sm_90a, triton 3.6, ptxas -v with
@@ -68,9 +69,10 @@ DET = {
 }
 ATOMIC = {
     64: [atomic(64, 128, 8, 2), atomic(64, 128, 8, 3), atomic(32, 128, 8, 2), atomic(64, 64, 4, 3),
-         atomic(64, 64, 4, 2), atomic(64, 128, 8, 2, True)],
+         atomic(64, 64, 4, 2), atomic(64, 128, 8, 2, True), atomic(64, 128, 8, 2, True, False)],
     128: [atomic(64, 128, 8, 2), atomic(64, 128, 8, 3), atomic(32, 128, 8, 2), atomic(32, 128, 8, 3),
-          atomic(64, 128, 8, 2, True), atomic(32, 128, 8, 2, True)],
+          atomic(64, 128, 8, 2, True), atomic(32, 128, 8, 2, True), atomic(64, 128, 8, 2, True, False),
+          atomic(32, 128, 8, 2, True, False)],
 }
 
 
@@ -204,6 +206,9 @@ def main():
     if not args.no_flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         flex = torch.compile(flex_attention, dynamic=False)
+        for knob in ("cache_size_limit", "recompile_limit"):      # one compile per shape, 12 shapes
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, 64)
     for backend_name in ("sdpa-cudnn", "sdpa-flash", "flex"):
         # Flex compiles once per shape (static shapes, as the bench's "static Flex"): longest S first.
         for shape in (sorted(todo, key=lambda t: -t[3]) if backend_name == "flex" else todo):
@@ -245,11 +250,16 @@ def main():
     print(f"compiles done at {time.time() - t0:.0f} s", flush=True)
 
     refs = {}
-    for pass_atomic in (False, True):               # the deterministic variants everywhere first
+    # Passes: the two defaults first (never skipped for the budget), then the candidates; within each,
+    # the deterministic grid before the atomic path (new code last).
+    passes = [(False, True), (True, True), (False, False), (True, False)]     # (atomic, default)
+    for pass_atomic, pass_default in passes:
         for shape in todo:
             name, _, _, _, hd, causal = shape
             for variant, atomic_dq, config in variants(hd):
-                if atomic_dq != pass_atomic or not want(variant) or over_budget(f"{name}/{variant}"):
+                if atomic_dq != pass_atomic or (config is None) != pass_default or not want(variant):
+                    continue
+                if not pass_default and over_budget(f"{name}/{variant}"):
                     continue
                 fn = lambda: run_ours(state[name], causal, atomic_dq, config)  # noqa: E731
                 try:

@@ -764,8 +764,8 @@ def _launcher_grads(q, k, v, dout, causal, **kw):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_backward_paths_agree(device, monkeypatch, causal):
     """Launcher level: deterministic=True is bit-identical run to run and ignores ATOMIC_DQ (the same
-    kernel either way); the atomic path, with and without the staggered loop, matches it to fp32
-    rounding (only the summation order of dq differs)."""
+    kernel either way); the atomic path (staggered loop or not, heads-first or key-block-major grid)
+    matches it to fp32 rounding (only the summation order of dq differs)."""
     q, k, v = (torch.randn(2, s, h, 40, device=device) for s, h in ((53, 4), (70, 2), (70, 2)))
     dout = torch.randn_like(q)
     first = _launcher_grads(q, k, v, dout, causal, deterministic=True)
@@ -774,13 +774,13 @@ def test_backward_paths_agree(device, monkeypatch, causal):
     for name, a, b in zip(("dq", "dk", "dv"), first, second):
         assert_finite(name, a)
         assert torch.equal(a, b), f"{name}: deterministic=True changed with ATOMIC_DQ on"
-    for stagger in (False, True):
-        config = dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=stagger)
+    for stagger, heads_first in ((False, True), (True, False)):
+        config = dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=stagger, HEADS_FIRST=heads_first)
         atomic = _launcher_grads(q, k, v, dout, causal, deterministic=False, config=config)
         for name, a, b in zip(("dq", "dk", "dv"), atomic, first):
             assert_finite(name, a)
             err = ((a - b).norm() / b.norm()).item()
-            assert err < 1e-5, f"{name}: atomic path (stagger={stagger}) rel err {err:.2e} vs deterministic"
+            assert err < 1e-5, f"{name}: atomic path {config} rel err {err:.2e} vs deterministic"
 
 
 def test_backward_config_tables(monkeypatch):
@@ -791,9 +791,10 @@ def test_backward_config_tables(monkeypatch):
         for block_d in (16, 32, 64, 128, 256):
             det = flash_bwd.backward_config(block_d, dtype)
             assert set(det) == {"BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_warps", "num_stages"}
-            c = flash_bwd.atomic_backward_config(block_d, dtype)
-            assert set(c) == {"BLOCK_M1", "BLOCK_N1", "num_warps", "num_stages", "STAGGER"}, c
-            assert c["BLOCK_N1"] % 16 == 0 and c["BLOCK_M1"] % 16 == 0, c
-            if dtype != F32 and block_d <= 128:
-                assert c["BLOCK_N1"] == 128, c
+            for extras in (False, True):
+                c = flash_bwd.atomic_backward_config(block_d, dtype, extras)
+                assert set(c) == {"BLOCK_M1", "BLOCK_N1", "num_warps", "num_stages", "STAGGER"}, c
+                assert c["BLOCK_N1"] % 16 == 0 and c["BLOCK_M1"] % 16 == 0, c
+                if dtype != F32 and block_d <= 128:
+                    assert c["BLOCK_N1"] == 128, c
     assert flash_bwd.ATOMIC_DQ is False, "ATOMIC_DQ stays off until measured on the GPU"

@@ -299,6 +299,84 @@ def test_torch_compile_fullgraph(api):
 
 
 # ----------------------------------------------------------------------------------------------------
+# Backward: the atomic-dQ path (deterministic=False with flash_bwd.ATOMIC_DQ on)
+# ----------------------------------------------------------------------------------------------------
+
+from flashfuse.ops.attention import flash_bwd, flash_fwd  # noqa: E402
+
+ATOMIC_GPU_CASES = [
+    (BF16, 64, (2048, 2048), MHA, {}),
+    (F16, 64, (1023, 1024), GQA, {"causal": True}),
+    (BF16, 128, (2048, 2048), GQA, {"causal": True}),
+    (F16, 128, (1024, 1023), MHA, {"window_size": (100, 37)}),
+    (BF16, 59, (512, 256), GQA, {"causal": True}),                            # rows with no key
+    (F16, 96, (113, 203), MQA, {"softcap": 3.0, "alibi": "bh"}),
+    (BF16, 192, (256, 512), MHA, {"causal": True}),
+    (BF16, 256, (203, 113), GQA, {}),
+]
+
+
+@pytest.mark.parametrize("dtype, headdim, seqlens, heads, opts", ATOMIC_GPU_CASES,
+                         ids=[_case_id(c) for c in ATOMIC_GPU_CASES])
+def test_atomic_dq_gpu(monkeypatch, dtype, headdim, seqlens, heads, opts):
+    """The atomic path's gradients by flash-attn's criterion against the fp32 reference."""
+    monkeypatch.setattr(flash_bwd, "ATOMIC_DQ", True)
+    (seqlen_q, seqlen_k), (nheads_q, nheads_k), batch = seqlens, heads, 2
+    q, k, v = rand_qkv(batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype=dtype, device="cuda")
+    opts = _options(opts, batch, nheads_q)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
+    grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse,
+                                             ref_dtype=REF)
+    assert_zero_rows("dq", grads["q"], no_key_rows_flash(ref_lse))
+
+
+def test_atomic_dq_varlen_dropout_gpu(monkeypatch):
+    """Packed sequences with dropout on the atomic path (adds stay inside each sequence's rows)."""
+    monkeypatch.setattr(flash_bwd, "ATOMIC_DQ", True)
+    lens = [1000, 1, 0, 517, 2048]
+    cu = cu_seqlens(lens, "cuda")
+    q, k, v = (rand(sum(lens), h, 128, dtype=BF16, device="cuda") for h in (8, 2, 2))
+    seed, dropout_p = 11, 0.15
+    torch.manual_seed(seed)
+    out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), dropout_p=dropout_p, causal=True)
+    mask = dropout_mask_for(seed, "cuda", len(lens), 8, max(lens), max(lens), dropout_p)
+    check_attention(partial(varlen_ref, cu_q=cu, cu_k=cu, causal=True, dropout_mask=mask, dropout_p=dropout_p),
+                    {"q": q, "k": k, "v": v}, out, ref_dtype=REF)
+
+
+# Tile configs the tune script sweeps (benchmarks/tune_flash_bwd.py), spill-free or nearly so offline.
+ATOMIC_GPU_CONFIGS = [
+    (64, dict(BLOCK_M1=64, BLOCK_N1=128, num_warps=8, num_stages=3, STAGGER=True)),
+    (64, dict(BLOCK_M1=64, BLOCK_N1=64, num_warps=4, num_stages=3, STAGGER=False)),
+    (128, dict(BLOCK_M1=32, BLOCK_N1=128, num_warps=8, num_stages=2, STAGGER=True)),
+    (128, dict(BLOCK_M1=64, BLOCK_N1=128, num_warps=8, num_stages=3, STAGGER=False)),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim, config", ATOMIC_GPU_CONFIGS, ids=[f"d{d}-{i}" for i, (d, _) in
+                                                                     enumerate(ATOMIC_GPU_CONFIGS)])
+def test_atomic_dq_configs_match_deterministic_gpu(headdim, config, causal):
+    """Launcher level, bf16, 4096 tokens, GQA: each swept atomic config against the deterministic grid
+    (both bf16 outputs of fp32 sums: ~3e-3 apart), and deterministic=True twice bit-identical."""
+    q = torch.randn(2, 2048, 8, headdim, device="cuda", dtype=BF16)
+    k, v = (torch.randn(2, 2048, 2, headdim, device="cuda", dtype=BF16) for _ in range(2))
+    dout, scale, right = torch.randn_like(q), headdim ** -0.5, 0 if causal else -1
+    out, lse = flash_fwd.flash_attn_forward(q, k, v, softmax_scale=scale, window_right=right)[:2]
+
+    def grads(**kw):
+        return flash_bwd.flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=scale, window_right=right, **kw)
+
+    det, det2 = grads(deterministic=True), grads(deterministic=True, atomic_dq=True)
+    atomic = grads(deterministic=False, atomic_dq=True, config=config)
+    for name, a, b, c in zip(("dq", "dk", "dv"), det, det2, atomic):
+        assert torch.equal(a, b), f"{name}: deterministic=True not bit-identical"
+        assert_finite(name, c)
+        err = ((c.float() - a.float()).norm() / a.float().norm()).item()
+        assert err < 1e-2, f"{name}: atomic {config} rel err {err:.2e} vs deterministic"
+
+
+# ----------------------------------------------------------------------------------------------------
 # Fast forward path (flash_fwd.FAST_FORWARD): its table and every knob of the tune script's sweep
 # ----------------------------------------------------------------------------------------------------
 

@@ -327,6 +327,7 @@ def _flash_bwd_kernel(
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr, STAGGER: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
     BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
@@ -335,11 +336,13 @@ def _flash_bwd_kernel(
     One grid for both kinds lets them share the SMs (FlexAttention's layout): measured 394 vs 366
     TFLOP/s for two launches at hd128 on an H200 (benchmarks/NOTES.md).
 
-    ATOMIC_DQ: grid (batch * nheads_k, num_kv_blocks), dK/dV programs only, dQ by atomics into p_dqa.
-    Heads vary fastest so the first wave holds key block 0 of every head: under a causal mask those
-    are the heaviest programs (they see every query block), and concurrent programs of one head are
-    few, so few of them add into the same dQ rows at once."""
-    if ATOMIC_DQ:
+    ATOMIC_DQ: dK/dV programs only, dQ by atomics into p_dqa. HEADS_FIRST: grid (batch * nheads_k,
+    num_kv_blocks), heads vary fastest so the first wave holds key block 0 of every head: under a
+    causal mask those are the heaviest programs (they see every query block), and concurrent programs
+    of one head are few, so few of them add into the same dQ rows at once. Otherwise (num_kv_blocks,
+    batch * nheads_k): the programs in flight share one or two heads, whose fp32 dQ (S x D x 4 bytes,
+    4 MB at S = 8192, hd128) then stays in L2; with STAGGER they add into different rows."""
+    if ATOMIC_DQ and HEADS_FIRST:
         i_bhk = tl.program_id(0)
         pid = tl.program_id(1)
     else:
@@ -412,21 +415,21 @@ def backward_config(head_dim_block: int, dtype: torch.dtype) -> dict:
 ATOMIC_DQ = False
 
 
-def atomic_backward_config(head_dim_block: int, dtype: torch.dtype) -> dict:
+def atomic_backward_config(head_dim_block: int, dtype: torch.dtype, score_extras: bool = False) -> dict:
     """Tiles of the atomic path: a program holds BLOCK_N1 keys (dK, dV fp32 accumulators) and streams
     BLOCK_M1 queries; per query tile it also holds the [BLOCK_M1, D] dQ part. BLOCK_N1 = 128 halves the
     atomic traffic of 64 (see ATOMIC_DQ). STAGGER rotates the unmasked query loop per key block.
+    score_extras (softcap, ALiBi, bias, dropout or a left window): 32-query tiles, since their extra
+    [BLOCK_N1, BLOCK_M1] terms spill at 64 (ptxas, sm_90, bf16 hd128 dropout: 1528 -> 280 bytes; hd96
+    softcap + ALiBi: 520 -> 136; the deterministic grid spills 1156 / 1468 there).
     Starting points (FA3's hd128 backward tile is 64 queries x 128 keys, 8 warps) for the H200 sweep in
     benchmarks/tune_flash_bwd.py; the choice is the lead's once measured."""
     if INTERPRET:
         return dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=True)
-    if dtype == torch.float32:
+    if dtype == torch.float32 or head_dim_block > 128:     # tf32x3 operands / wide rows: small tiles
         return dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=False)
-    if head_dim_block <= 64:
-        return dict(BLOCK_M1=64, BLOCK_N1=128, num_warps=8, num_stages=2, STAGGER=False)
-    if head_dim_block <= 128:
-        return dict(BLOCK_M1=64, BLOCK_N1=128, num_warps=8, num_stages=2, STAGGER=False)
-    return dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=False)
+    # ptxas (sm_90, bf16, no extras): 64x128 / 8 warps -> hd64 242 regs no spill, hd128 112 bytes of spill.
+    return dict(BLOCK_M1=32 if score_extras else 64, BLOCK_N1=128, num_warps=8, num_stages=2, STAGGER=False)
 
 
 # 2048 fp32 per program, 4 warps: 16 elements (four 16-byte vectors) per thread, enough in flight to
@@ -483,13 +486,14 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
                           cu_seqlens_k=cu_seqlens_k, dummy=dq)
     group = nheads_q // nheads_k
     if use_atomic:
-        cfg = dict(config or atomic_backward_config(block_d, q.dtype))
-        stagger = cfg.pop("STAGGER", False)
+        extras = softcap > 0 or alibi_slopes is not None or attn_bias is not None or dropout_p > 0 or window_left >= 0
+        cfg = dict(config or atomic_backward_config(block_d, q.dtype, extras))
+        stagger, heads_first = cfg.pop("STAGGER", False), cfg.pop("HEADS_FIRST", True)
         cfg.update(BLOCK_M2=cfg["BLOCK_M1"], BLOCK_N2=cfg["BLOCK_N1"])     # unused by this grid
         num_kv_blocks, num_q_blocks = cdiv(seqlen_k, cfg["BLOCK_N1"]), 0
-        grid = (batch * nheads_k, num_kv_blocks)
+        grid = (batch * nheads_k, num_kv_blocks) if heads_first else (num_kv_blocks, batch * nheads_k)
     else:
-        cfg, stagger = dict(config or backward_config(block_d, q.dtype)), False
+        cfg, stagger, heads_first = dict(config or backward_config(block_d, q.dtype)), False, False
         num_kv_blocks = cdiv(seqlen_k, cfg["BLOCK_N1"])
         num_q_blocks = cdiv(seqlen_q, cfg["BLOCK_M2"])
         grid = (num_kv_blocks + group * num_q_blocks, batch * nheads_k)
@@ -497,7 +501,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
         q, k, v, dout, lse, delta, dq, dk, dv, dq_acc, *opts.pointers,
         *q_s, *k_s, *v_s, *do_s, *dq_s, *dk_s, *dv_s, *dqa_s, *lse_strides, *opts.strides,
         nheads_q, nheads_k, group, seqlen_q, seqlen_k, head_dim, num_kv_blocks, num_q_blocks,
-        softmax_scale, *opts.scalars, **opts.flags, ATOMIC_DQ=use_atomic, STAGGER=stagger, **cfg)
+        softmax_scale, *opts.scalars, **opts.flags, ATOMIC_DQ=use_atomic, STAGGER=stagger,
+        HEADS_FIRST=heads_first, **cfg)
     if use_atomic:
         _dq_convert_kernel[(cdiv(dq.numel(), _CONVERT_BLOCK),)](dq_acc, dq, dq.numel(), softmax_scale,
                                                                 BLOCK=_CONVERT_BLOCK, num_warps=4)
