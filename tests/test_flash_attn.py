@@ -614,6 +614,7 @@ FAST_VARIANTS = {"tma-split": dict(split=True), "tma": {}, "pointer": dict(tma=F
     pytest.param("ws-split", 1, 37, 77, 2, 2, 32, F32, {"window_size": (-1, 5), "softmax_scale": 0.3},
                  id="ws-split-window-right-ragged"),
     pytest.param("tma", 1, 33, 17, 2, 2, 16, F16, {}, id="tma-one-ragged-key-block-fp16"),
+    pytest.param("ws", 1, 45, 64, 2, 2, 16, F32, {}, id="ws-even-keys-unmasked"),
 ])
 def test_fast_forward(device, monkeypatch, variant, batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim,
                       dtype, opts):
@@ -661,6 +662,8 @@ def test_fast_forward_plan(monkeypatch):
     assert not flash_fwd.tma_compatible(unaligned) and plan(q=unaligned) is None
     assert flash_fwd.tma_compatible(x, x.transpose(1, 2).contiguous().transpose(1, 2))
     assert not flash_fwd.tma_compatible(torch.empty(2, 1, 4, 64, dtype=F16).expand(2, 64, 4, 64))
+    monkeypatch.setattr(flash_fwd, "INTERPRET", False)     # compiled: only the 16-bit hd 64 / 128 of its table
+    assert plan(q=torch.empty(2, 64, 4, 32, dtype=F16)) is None and plan(q=x.float()) is None
     monkeypatch.setattr(flash_fwd, "FAST_FORWARD", False)
     assert plan() is None
 

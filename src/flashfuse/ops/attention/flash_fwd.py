@@ -20,6 +20,10 @@ main part and a small tail, S = Q_a K_a^T + Q_t K_t^T and O = [P V_a, P V_t], in
 next power of two (72 = 64 + 16: 80 columns of tensor-core work, not 128). Their row strides (72 or 40
 elements) are not multiples of 16, so the launcher asserts the 16-byte alignment it checked (VEC) for
 vectorized, pipelined loads. See forward_config for the tile table and benchmarks/tune_attention_small.py.
+
+Long sequences without the rarer features may take a second kernel (_flash_fwd_fast_kernel, FAST_FORWARD):
+tensor-descriptor (TMA) tiles and optional warp specialization; see its comment block and
+benchmarks/tune_flash_fwd.py.
 """
 
 from __future__ import annotations
@@ -478,8 +482,11 @@ def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softca
         return None
     if dropout_p > 0.0 or softcap > 0.0 or window_left >= 0:
         return None
-    if head_dim not in (16, 32, 64, 128) or (q.dtype == torch.float32 and not INTERPRET):
-        return None
+    if INTERPRET:                         # the CPU tier also runs fp32 and small head dims through it
+        if head_dim not in (16, 32, 64, 128):
+            return None
+    elif head_dim not in (64, 128) or q.dtype not in (torch.float16, torch.bfloat16):
+        return None                       # FAST_CONFIGS covers (and ptxas checked) 16-bit hd 64 / 128
     cfg = fast_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1], q.shape[0] * nheads_q,
                               132 if INTERPRET else sm_count(q.device))
     if cfg is not None and cfg["USE_TMA"] and not tma_compatible(q, k, v, out):
