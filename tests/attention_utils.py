@@ -292,3 +292,30 @@ def causal_window(window_size, causal):
 
 def default_scale(headdim):
     return 1.0 / math.sqrt(headdim)
+
+
+def varlen_lens(seed):
+    """Five sequences with random lengths in [2, 60) except: a query of length 1 (random keys), keys of
+    length 1 (random queries), and an empty sequence (0, 0). q and k lengths differ per sequence."""
+    g = torch.Generator().manual_seed(seed)
+    rq = torch.randint(2, 60, (3,), generator=g).tolist()
+    rk = torch.randint(2, 60, (4,), generator=g).tolist()
+    return [rq[0], 1, rq[1], 0, rq[2]], [rk[0], rk[1], 1, 0, rk[2]]
+
+
+def varlen_inputs(lens_q, lens_k, nheads_q, nheads_k, headdim, dtype, device):
+    """Packed varlen q, k, v (total, heads, headdim) and their int32 cu_seqlens."""
+    q = rand(sum(lens_q), nheads_q, headdim, dtype=dtype, device=device)
+    k = rand(sum(lens_k), nheads_k, headdim, dtype=dtype, device=device)
+    v = rand(sum(lens_k), nheads_k, headdim, dtype=dtype, device=device)
+    return q, k, v, cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+
+
+def expand_options(opts, device, batch, nheads_q):
+    """Test-case options -> keyword arguments shared by the kernel and the reference ("alibi": "h" gives
+    slopes (nheads_q,), "bh" gives (batch, nheads_q))."""
+    opts = dict(opts)
+    alibi = opts.pop("alibi", None)
+    if alibi is not None:
+        opts["alibi_slopes"] = alibi_slopes((nheads_q,) if alibi == "h" else (batch, nheads_q), device)
+    return opts

@@ -11,25 +11,15 @@ from functools import partial
 import pytest
 import torch
 
-from attention_utils import (alibi_slopes, assert_finite, assert_zero_rows, check_attention, cu_seqlens,
+from attention_utils import (alibi_slopes, expand_options, assert_finite, assert_zero_rows, check_attention, cu_seqlens,
                              dropout_mask_for, flash_ref, no_key_rows_flash, no_key_rows_varlen, pack, rand,
-                             rand_qkv, sdpa_ref, sdpa_to_flash, unpack, varlen_ref)
+                             rand_qkv, sdpa_ref, sdpa_to_flash, unpack, varlen_inputs, varlen_lens, varlen_ref)
 from flashfuse import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                        flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                        flash_attn_varlen_qkvpacked_func, scaled_dot_product_attention)
 from flashfuse.ops.attention import flash_fwd
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
-
-
-def _options(opts, device, batch, nheads_q):
-    """Test-case options -> keyword arguments shared by the kernel and the reference ("alibi": "h" gives
-    slopes (nheads_q,), "bh" gives (batch, nheads_q))."""
-    opts = dict(opts)
-    alibi = opts.pop("alibi", None)
-    if alibi is not None:
-        opts["alibi_slopes"] = alibi_slopes((nheads_q,) if alibi == "h" else (batch, nheads_q), device)
-    return opts
 
 
 def _split_result(result, with_lse):
@@ -82,7 +72,7 @@ FLASH_CASES = [
                          FLASH_CASES)
 def test_flash_attn_func(device, batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype, opts, with_lse):
     q, k, v = rand_qkv(batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype=dtype, device=device)
-    opts = _options(opts, device, batch, nheads_q)
+    opts = expand_options(opts, device, batch, nheads_q)
     out, lse = _split_result(flash_attn_func(q, k, v, return_attn_probs=with_lse, **opts), with_lse)
     assert out.shape == q.shape and out.dtype == dtype
     grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse)
@@ -101,7 +91,7 @@ def test_rows_without_visible_key(device, batch, seqlen_q, seqlen_k, nheads_q, n
     """seqlen_q > seqlen_k with a bounded right edge: the first rows' windows end before key 0.
     Those rows: out exactly 0, lse +inf, dq exactly 0; no NaN anywhere (out and every gradient)."""
     q, k, v = rand_qkv(batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype=dtype, device=device)
-    opts = _options(opts, device, batch, nheads_q)
+    opts = expand_options(opts, device, batch, nheads_q)
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
     grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse)
     empty = no_key_rows_flash(ref_lse)
@@ -129,7 +119,7 @@ def test_flash_attn_dropout(device, batch, seqlen_q, seqlen_k, nheads_q, nheads_
     """Forward and backward (which regenerates the mask) against the reference given the same mask; lse
     ignores dropout."""
     q, k, v = rand_qkv(batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype=dtype, device=device)
-    opts = _options(opts, device, batch, nheads_q)
+    opts = expand_options(opts, device, batch, nheads_q)
     seed = 2024
     torch.manual_seed(seed)
     out, lse, _ = flash_attn_func(q, k, v, dropout_p=dropout_p, return_attn_probs=True, **opts)
@@ -281,22 +271,6 @@ def test_grad_for_some_inputs(device):
 # Varlen
 # ----------------------------------------------------------------------------------------------------
 
-def _varlen_lens(seed):
-    """Five sequences with random lengths in [2, 60) except: a query of length 1 (random keys), keys of
-    length 1 (random queries), and an empty sequence (0, 0). q and k lengths differ per sequence."""
-    g = torch.Generator().manual_seed(seed)
-    rq = torch.randint(2, 60, (3,), generator=g).tolist()
-    rk = torch.randint(2, 60, (4,), generator=g).tolist()
-    return [rq[0], 1, rq[1], 0, rq[2]], [rk[0], rk[1], 1, 0, rk[2]]
-
-
-def _varlen_inputs(lens_q, lens_k, nheads_q, nheads_k, headdim, dtype, device):
-    q = rand(sum(lens_q), nheads_q, headdim, dtype=dtype, device=device)
-    k = rand(sum(lens_k), nheads_k, headdim, dtype=dtype, device=device)
-    v = rand(sum(lens_k), nheads_k, headdim, dtype=dtype, device=device)
-    return q, k, v, cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
-
-
 # (seed for the lengths, nheads_q, nheads_k, headdim, dtype, options, extra max_seqlen, return_attn_probs)
 @pytest.mark.parametrize("seed, nheads_q, nheads_k, headdim, dtype, opts, extra_max, with_lse", [
     pytest.param(1, 4, 2, 40, F32, {"causal": True}, 0, True, id="causal-gqa-fp32-d40"),
@@ -309,9 +283,9 @@ def test_flash_attn_varlen_func(device, seed, nheads_q, nheads_k, headdim, dtype
     """Packed sequences of random lengths (incl. 1 and 0; q and k lengths differ); per-sequence causal /
     window alignment and ALiBi (nseq, nheads_q). extra_max > 0 passes max_seqlen as an upper bound, not
     the exact maximum (flash-attn allows that)."""
-    lens_q, lens_k = _varlen_lens(seed)
-    q, k, v, cu_q, cu_k = _varlen_inputs(lens_q, lens_k, nheads_q, nheads_k, headdim, dtype, device)
-    opts = _options(opts, device, len(lens_q), nheads_q)
+    lens_q, lens_k = varlen_lens(seed)
+    q, k, v, cu_q, cu_k = varlen_inputs(lens_q, lens_k, nheads_q, nheads_k, headdim, dtype, device)
+    opts = expand_options(opts, device, len(lens_q), nheads_q)
     result = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q) + extra_max, max(lens_k) + extra_max,
                                     return_attn_probs=with_lse, **opts)
     out, lse = _split_result(result, with_lse)
@@ -329,7 +303,7 @@ def test_varlen_empty_sides(device):
     """Sequences with no keys (len_k = 0, len_q > 0: out 0, lse +inf, dq 0) and no queries (len_q = 0,
     len_k > 0: dk = dv = 0 there), next to ordinary ones."""
     lens_q, lens_k = [9, 5, 0, 12], [14, 0, 6, 3]
-    q, k, v, cu_q, cu_k = _varlen_inputs(lens_q, lens_k, 2, 2, 40, F32, device)
+    q, k, v, cu_q, cu_k = varlen_inputs(lens_q, lens_k, 2, 2, 40, F32, device)
     out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
                                          return_attn_probs=True)
     ref_fn = partial(varlen_ref, cu_q=cu_q, cu_k=cu_k, causal=True)
@@ -341,8 +315,8 @@ def test_varlen_empty_sides(device):
 
 def test_flash_attn_varlen_dropout(device):
     """Varlen dropout: the mask of sequence b is dropout_mask(rng, nseq, Hq, max_q, max_k, p)[b, :, :len_q, :len_k]."""
-    lens_q, lens_k = _varlen_lens(5)
-    q, k, v, cu_q, cu_k = _varlen_inputs(lens_q, lens_k, 2, 1, 40, F16, device)
+    lens_q, lens_k = varlen_lens(5)
+    q, k, v, cu_q, cu_k = varlen_inputs(lens_q, lens_k, 2, 1, 40, F16, device)
     max_q, max_k, p, seed = max(lens_q), max(lens_k), 0.25, 99
     torch.manual_seed(seed)
     out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=p, causal=True)
@@ -595,209 +569,3 @@ def test_forward_config_table(monkeypatch):
         assert programs >= 66 or c["BLOCK_M"] == 16, (width, seqlen, c)
         if width > 128 and c["BLOCK_M"] < 64:
             assert c["BLOCK_N"] <= 32, c
-
-
-# ----------------------------------------------------------------------------------------------------
-# Fast forward path (flash_fwd.FAST_FORWARD): tensor-descriptor tiles, warp specialization, split rows
-# ----------------------------------------------------------------------------------------------------
-
-# Interpreter tiles (32 x 32) with each knob of the fast kernel; "ws" runs its single masked key loop.
-FAST_VARIANTS = {"tma-split": dict(split=True), "tma": {}, "pointer": dict(tma=False), "ws": dict(ws=True),
-                 "ws-split": dict(split=True, ws=True)}
-
-
-@pytest.mark.parametrize("variant, batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype, opts", [
-    pytest.param("tma-split", 1, 77, 131, 4, 1, 32, F32, {"causal": True}, id="tma-split-causal-sq<sk-mqa"),
-    pytest.param("ws", 2, 131, 77, 2, 2, 16, F16, {"causal": True}, id="ws-causal-nokey-fp16"),
-    pytest.param("tma", 1, 67, 96, 4, 2, 64, F32, {}, id="tma-even-keys-gqa"),
-    pytest.param("pointer", 2, 131, 77, 2, 1, 16, F16, {"causal": True}, id="pointer-causal-nokey-fp16"),
-    pytest.param("ws-split", 1, 37, 77, 2, 2, 32, F32, {"window_size": (-1, 5), "softmax_scale": 0.3},
-                 id="ws-split-window-right-ragged"),
-    pytest.param("tma", 1, 33, 17, 2, 2, 16, F16, {}, id="tma-one-ragged-key-block-fp16"),
-    pytest.param("ws", 1, 45, 64, 2, 2, 16, F32, {}, id="ws-even-keys-unmasked"),
-])
-def test_fast_forward(device, monkeypatch, variant, batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim,
-                      dtype, opts):
-    """The fast kernel alone (the pointer kernel removed) against the float64 reference: out, lse, every
-    gradient (the backward consumes its lse), rows with no visible key exactly 0."""
-    monkeypatch.setattr(flash_fwd, "FAST_FORWARD", True)
-    config = flash_fwd._fast(32, 32, 4, 1, **FAST_VARIANTS[variant])
-    monkeypatch.setattr(flash_fwd, "fast_forward_config", lambda *a: config)
-    monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
-    q, k, v = rand_qkv(batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype=dtype, device=device)
-    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
-    grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse)
-    empty = no_key_rows_flash(ref_lse)
-    assert_zero_rows("out", out.detach(), empty)
-    assert_zero_rows("dq", grads["q"], empty)
-
-
-def test_fast_forward_sdpa_top_left_causal(device, monkeypatch):
-    """torch SDPA's causal mask is top-left aligned (BOTTOM_RIGHT off) when seqlen_q != seqlen_k."""
-    monkeypatch.setattr(flash_fwd, "FAST_FORWARD", True)
-    monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
-    q, k, v = (rand(1, 2, s, 32, dtype=F32, device=device) for s in (45, 70, 70))
-    out = scaled_dot_product_attention(q, k, v, is_causal=True)
-    check_attention(partial(sdpa_ref, is_causal=True), {"query": q, "key": k, "value": v}, out)
-
-
-def test_fast_forward_plan(monkeypatch):
-    """Host-side choice: the fast kernel only for what it implements, on TMA-compatible tensors, and
-    only when FAST_FORWARD is set; everything else goes to the pointer kernel."""
-    monkeypatch.setattr(flash_fwd, "FAST_FORWARD", True)
-    x = torch.empty(2, 64, 4, 64, dtype=F16)
-
-    def plan(q=x, k=x, **kw):
-        args = dict(window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, attn_bias=None,
-                    dropout_p=0.0, is_varlen=False)
-        args.update(kw)
-        return flash_fwd._fast_forward_plan(q, k, k, torch.empty_like(q), q.shape[-1], *args.values(), q.shape[2])
-
-    assert plan() is not None and plan(window_right=0) is not None and plan(window_right=9) is not None
-    for kw in (dict(window_left=8), dict(softcap=1.0), dict(dropout_p=0.1), dict(is_varlen=True),
-               dict(alibi_slopes=torch.ones(4)), dict(attn_bias=torch.zeros(1, 1, 64, 64))):
-        assert plan(**kw) is None, kw
-    assert plan(q=torch.empty(2, 64, 4, 40, dtype=F16)) is None                 # head dim not a power of two
-    unaligned = torch.empty(2, 64, 4, 65, dtype=F16)[..., 1:]                    # rows 130 bytes apart
-    assert not flash_fwd.tma_compatible(unaligned) and plan(q=unaligned) is None
-    assert flash_fwd.tma_compatible(x, x.transpose(1, 2).contiguous().transpose(1, 2))
-    assert not flash_fwd.tma_compatible(torch.empty(2, 1, 4, 64, dtype=F16).expand(2, 64, 4, 64))
-    monkeypatch.setattr(flash_fwd, "INTERPRET", False)     # compiled: only the 16-bit hd 64 / 128 of its table
-    assert plan(q=torch.empty(2, 64, 4, 32, dtype=F16)) is None and plan(q=x.float()) is None
-    monkeypatch.setattr(flash_fwd, "FAST_FORWARD", False)
-    assert plan() is None
-
-
-def test_fast_forward_config_table(monkeypatch):
-    """Compiled-GPU table: every (head dim, causal) has a config; short or small problems keep the pointer
-    kernel's small tiles; warp-specialized configs use 4 warps (Triton builds the warpgroups from them)."""
-    monkeypatch.setattr(flash_fwd, "INTERPRET", False)
-    for head_dim in (16, 32, 64, 128):
-        for causal in (False, True):
-            c = flash_fwd.fast_forward_config(head_dim, causal, 4096, 4096, 64, 132)
-            assert set(c) == {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "SPLIT_M", "USE_TMA",
-                              "WARP_SPECIALIZE"}, c
-            assert not c["WARP_SPECIALIZE"] or c["num_warps"] == 4, c
-    assert flash_fwd.fast_forward_config(128, False, 512, 512, 1024, 132) is None        # 512 keys
-    assert flash_fwd.fast_forward_config(64, True, 2048, 2048, 8, 132) is None           # 128 programs
-
-
-def test_tma_allocator_set_once():
-    """ensure_tma_allocator installs the scratch allocator only where none is set (per context)."""
-    import contextvars
-
-    from triton.runtime import _allocation
-
-    def run():
-        flash_fwd.ensure_tma_allocator()
-        assert _allocation._allocator.get() is flash_fwd._tma_scratch
-        mine = lambda size, alignment, stream: None  # noqa: E731
-        _allocation._allocator.set(mine)
-        flash_fwd.ensure_tma_allocator()
-        assert _allocation._allocator.get() is mine
-    contextvars.copy_context().run(run)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Backward: the atomic-dQ path (deterministic=False with flash_bwd.ATOMIC_DQ on) and the deterministic grid
-# ----------------------------------------------------------------------------------------------------
-
-from flashfuse.ops.attention import flash_bwd  # noqa: E402
-
-
-# (batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype, options): each feature the atomic
-# path must keep, on odd shapes; several key blocks per row (the interpreter's tiles are 16 x 32), so dQ
-# rows receive adds from several programs, and the unmasked loop runs rotated (STAGGER).
-ATOMIC_CASES = [
-    pytest.param(2, 37, 77, 4, 2, 40, F32, {"causal": True}, id="causal-sq<sk-gqa-fp32-d40"),
-    pytest.param(1, 77, 37, 2, 1, 64, F16, {"window_size": (9, 5)}, id="window-mqa-fp16-d64"),
-    pytest.param(1, 131, 77, 4, 2, 16, F32, {}, id="full-gqa-fp32-d16"),
-    pytest.param(1, 33, 45, 2, 2, 59, F32, {"softcap": 2.5, "alibi": "h", "softmax_scale": 0.4},
-                 id="softcap-alibi-fp32-d59"),
-    pytest.param(2, 77, 17, 2, 2, 96, F16, {"window_size": (2, 3), "alibi": "bh"}, id="nokey-rows-fp16-d96"),
-]
-
-
-@pytest.mark.parametrize("batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype, opts", ATOMIC_CASES)
-def test_atomic_dq_backward(device, monkeypatch, batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim,
-                            dtype, opts):
-    """Every gradient of the atomic path against the float64 reference; rows that see no key get dq 0."""
-    monkeypatch.setattr(flash_bwd, "ATOMIC_DQ", True)
-    q, k, v = rand_qkv(batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype=dtype, device=device)
-    opts = _options(opts, device, batch, nheads_q)
-    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
-    grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse)
-    assert_zero_rows("dq", grads["q"], no_key_rows_flash(ref_lse))
-    for name, g in grads.items():
-        assert_finite(f"d{name}", g)
-
-
-def test_atomic_dq_dropout(device, monkeypatch):
-    """Dropout: the atomic path regenerates the same mask (GQA, causal, odd sizes)."""
-    monkeypatch.setattr(flash_bwd, "ATOMIC_DQ", True)
-    batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dropout_p = 1, 45, 77, 4, 2, 40, 0.25
-    q, k, v = rand_qkv(batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype=F32, device=device)
-    seed = 7
-    torch.manual_seed(seed)
-    out = flash_attn_func(q, k, v, dropout_p=dropout_p, causal=True)
-    mask = dropout_mask_for(seed, device, batch, nheads_q, seqlen_q, seqlen_k, dropout_p)
-    check_attention(partial(flash_ref, dropout_p=dropout_p, dropout_mask=mask, causal=True),
-                    {"q": q, "k": k, "v": v}, out)
-
-
-def test_atomic_dq_varlen(device, monkeypatch):
-    """Packed sequences (lengths 1 and 0 among them): the atomic adds stay inside each sequence's rows."""
-    monkeypatch.setattr(flash_bwd, "ATOMIC_DQ", True)
-    lens_q, lens_k = _varlen_lens(5)
-    q, k, v, cu_q, cu_k = _varlen_inputs(lens_q, lens_k, 4, 2, 40, F32, device)
-    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
-                                         return_attn_probs=True)
-    grads, (_, ref_lse, _) = check_attention(partial(varlen_ref, cu_q=cu_q, cu_k=cu_k, causal=True),
-                                             {"q": q, "k": k, "v": v}, out, lse=lse)
-    assert_zero_rows("dq", grads["q"], no_key_rows_varlen(ref_lse))
-
-
-def _launcher_grads(q, k, v, dout, causal, **kw):
-    scale = 0.3
-    out, lse = flash_fwd.flash_attn_forward(q, k, v, softmax_scale=scale, window_right=0 if causal else -1)[:2]
-    return flash_bwd.flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=scale,
-                                         window_right=0 if causal else -1, **kw)
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_backward_paths_agree(device, monkeypatch, causal):
-    """Launcher level: deterministic=True is bit-identical run to run and ignores ATOMIC_DQ (the same
-    kernel either way); the atomic path (staggered loop or not, heads-first or key-block-major grid)
-    matches it to fp32 rounding (only the summation order of dq differs)."""
-    q, k, v = (torch.randn(2, s, h, 40, device=device) for s, h in ((53, 4), (70, 2), (70, 2)))
-    dout = torch.randn_like(q)
-    first = _launcher_grads(q, k, v, dout, causal, deterministic=True)
-    monkeypatch.setattr(flash_bwd, "ATOMIC_DQ", True)
-    second = _launcher_grads(q, k, v, dout, causal, deterministic=True)
-    for name, a, b in zip(("dq", "dk", "dv"), first, second):
-        assert_finite(name, a)
-        assert torch.equal(a, b), f"{name}: deterministic=True changed with ATOMIC_DQ on"
-    for stagger, heads_first in ((False, True), (True, False)):
-        config = dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=stagger, HEADS_FIRST=heads_first)
-        atomic = _launcher_grads(q, k, v, dout, causal, deterministic=False, config=config)
-        for name, a, b in zip(("dq", "dk", "dv"), atomic, first):
-            assert_finite(name, a)
-            err = ((a - b).norm() / b.norm()).item()
-            assert err < 1e-5, f"{name}: atomic path {config} rel err {err:.2e} vs deterministic"
-
-
-def test_backward_config_tables(monkeypatch):
-    """Compiled-GPU tables: every head-dim block and dtype has tiles; the atomic path's key tile is a
-    multiple of its query tile's rotation step and (16-bit, D <= 128) holds 128 keys (atomic traffic)."""
-    monkeypatch.setattr(flash_bwd, "INTERPRET", False)
-    for dtype in (F16, BF16, F32):
-        for block_d in (16, 32, 64, 128, 256):
-            det = flash_bwd.backward_config(block_d, dtype)
-            assert set(det) == {"BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_warps", "num_stages"}
-            for extras in (False, True):
-                c = flash_bwd.atomic_backward_config(block_d, dtype, extras)
-                assert set(c) == {"BLOCK_M1", "BLOCK_N1", "num_warps", "num_stages", "STAGGER"}, c
-                assert c["BLOCK_N1"] % 16 == 0 and c["BLOCK_M1"] % 16 == 0, c
-                if dtype != F32 and block_d <= 128:
-                    assert c["BLOCK_N1"] == 128, c
-    assert flash_bwd.ATOMIC_DQ is False, "ATOMIC_DQ stays off until measured on the GPU"

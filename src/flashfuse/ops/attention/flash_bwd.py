@@ -404,14 +404,20 @@ def backward_config(head_dim_block: int, dtype: torch.dtype) -> dict:
     if head_dim_block <= 64:
         return dict(BLOCK_M1=32, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, num_warps=4, num_stages=3)
     if head_dim_block <= 128:
-        return dict(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=2)
+        # FlexAttention's sm_90 backward tiles. A third stage: H200, bf16, 16384 tokens, S = 2048..8192
+        # (benchmarks/tune_flash_bwd.py, session 5) 1-5% faster than 2 stages (S = 8192: 6574 vs 6768 us,
+        # causal 3609 vs 3794).
+        return dict(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=3)
     return dict(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1)
 
 
-# The fp32 atomic dQ path for deterministic=False. Off until measured on an H200 (issue 3): the atomic
-# path does 5 matrix products instead of 7 but adds 0.4 * R / BLOCK_N1 bytes/s of fp32 reductions into L2
-# at R reported FLOP/s (each [BLOCK_M, D] dQ tile, 4 * BLOCK_M * D bytes, carries 10 * BLOCK_M *
-# BLOCK_N1 * D FLOPs): 1.6 TB/s at 500 TFLOP/s with 128 keys per program.
+# The fp32 atomic dQ path for deterministic=False (a knob, off). It does 5 matrix products instead of 7
+# but adds 0.4 * R / BLOCK_N1 bytes/s of fp32 reductions into L2 at R reported FLOP/s (each [BLOCK_M, D]
+# dQ tile, 4 * BLOCK_M * D bytes, carries 10 * BLOCK_M * BLOCK_N1 * D FLOPs): 1.6 TB/s at 500 TFLOP/s with
+# 128 keys per program. Measured slower than the deterministic grid (H200, bf16, 16384 tokens, session 5,
+# best of 8 configs per shape): hd128 S = 8192 7713 vs 6574 us (causal 3755 vs 3609), hd64 8552 vs 8081
+# (causal 4292 vs 4395: its one win); the extra [BLOCK_M1, D] product and the adds cost more than the two
+# recomputed products save at these tiles. Kept, tested on both tiers, for a TMA-reduce version.
 ATOMIC_DQ = False
 
 

@@ -21,9 +21,8 @@ next power of two (72 = 64 + 16: 80 columns of tensor-core work, not 128). Their
 elements) are not multiples of 16, so the launcher asserts the 16-byte alignment it checked (VEC) for
 vectorized, pipelined loads. See forward_config for the tile table and benchmarks/tune_attention_small.py.
 
-Long sequences without the rarer features may take a second kernel (_flash_fwd_fast_kernel, FAST_FORWARD):
-tensor-descriptor (TMA) tiles and optional warp specialization; see its comment block and
-benchmarks/tune_flash_fwd.py.
+Long sequences without the rarer features take a second kernel (_flash_fwd_fast_kernel, FAST_FORWARD) at
+head dim 128: tensor-descriptor (TMA) tiles; see its comment block and benchmarks/tune_flash_fwd.py.
 """
 
 from __future__ import annotations
@@ -203,18 +202,19 @@ def _flash_fwd_kernel(
 
 
 # ----------------------------------------------------------------------------------------------------
-# Fast path for long sequences (Hopper): tensor-descriptor (TMA) tiles, optional warp specialization
+# Fast path for long sequences (Hopper): tensor-descriptor (TMA) tiles
 # ----------------------------------------------------------------------------------------------------
 # The same online softmax as above, for the common case only: no dropout, ALiBi, softcap, bias, left
 # window or varlen, head dim a power of two. What changes is how tiles move:
 # - Q, K, V tiles are read and O written through tensor descriptors (TMA on sm_90): one instruction per
 #   tile instead of per-thread address arithmetic, and rows past seqlen read as zeros / are not written,
 #   so no load or store carries a mask; only the score mask of the last (diagonal, ragged) key blocks.
-# - WARP_SPECIALIZE: the key loop runs as producer warps (TMA loads) and consumer warpgroups (wgmma +
-#   softmax), Triton's automatic warp specialization (tl.range(..., warp_specialize=True)).
 # - SPLIT_M: the row block is two independent halves [BLOCK_M / 2, D] sharing each K / V tile: one half's
 #   softmax can overlap the other half's tensor-core work (FlashAttention-3's ping-pong, here left to
-#   the scheduler or, with warp specialization, to two consumer warpgroups).
+#   the scheduler). Measured no faster (hd64: 394-410 vs 389-414 TFLOP/s of the pointer kernel); a knob.
+# Warp specialization (tl.range(..., warp_specialize=True), triton 3.6) was tried on this loop and dropped:
+# on the H200 it returned NaN at hd 64 and 20% error under a causal mask at hd 128 (tune_flash_fwd.py,
+# session 5); NOTES.md has the numbers.
 
 
 @triton.jit
@@ -253,9 +253,9 @@ def _fwd_fast_key_blocks(acc0, l0, m0, acc1, l1, m1, q0, q1, k_src, v_src, start
                          seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_right, qk_scale, p_any,
                          MASKED: tl.constexpr, HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_M: tl.constexpr,
-                         USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                         USE_TMA: tl.constexpr):
     """Key blocks [start, end) for both row halves (the second one only when SPLIT_M)."""
-    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for start_n in range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         b_k = _load_rows(k_src, start_n, seqlen_k, stride_k_s, BLOCK_N, BLOCK_D, USE_TMA)   # [BLOCK_N, BLOCK_D]
         b_v = _load_rows(v_src, start_n, seqlen_k, stride_v_s, BLOCK_N, BLOCK_D, USE_TMA)
@@ -293,7 +293,7 @@ def _flash_fwd_fast_kernel(
     nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_right,
     HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    EVEN_K: tl.constexpr, SPLIT_M: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    SPLIT_M: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # q, o: [batch, seqlen_q, nheads_q, BLOCK_D]; k, v: [batch, seqlen_k, nheads_k, BLOCK_D]; lse: [batch,
     # nheads_q, seqlen_q]. Grid (cdiv(seqlen_q, BLOCK_M), batch * nheads_q), heaviest row blocks first.
@@ -336,20 +336,14 @@ def _flash_fwd_fast_kernel(
     # No left window here, so lo = full_lo = 0: unmasked [0, full_hi), then the masked diagonal / ragged end.
     _, _, full_hi, hi = key_block_phases(m0, seqlen_q, seqlen_k, 0, window_right, BLOCK_M, BLOCK_N,
                                          False, HAS_RIGHT, BOTTOM_RIGHT)
-    if WARP_SPECIALIZE:
-        # Triton 3.6's Hopper warp specialization takes one loop per kernel (two in a row fail to compile,
-        # a branch inside turns it off): one loop over [0, hi), every block masked when any must be
-        # (causal, or a ragged last key block whose TMA zeros would otherwise score 0, not -inf).
-        full_hi = 0
-    MASK_LAST: tl.constexpr = HAS_RIGHT or not EVEN_K or not WARP_SPECIALIZE
     acc0, l0, mx0, acc1, l1, mx1 = _fwd_fast_key_blocks(
         acc0, l0, mx0, acc1, l1, mx1, q0, q1, k_src, v_src, 0, full_hi, o_m0, o_m1, seqlen_q, seqlen_k,
         stride_k_s, stride_v_s, window_right, qk_scale, p_lse, False, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_N,
-        BLOCK_D, SPLIT_M, USE_TMA, False)
+        BLOCK_D, SPLIT_M, USE_TMA)
     acc0, l0, mx0, acc1, l1, mx1 = _fwd_fast_key_blocks(
         acc0, l0, mx0, acc1, l1, mx1, q0, q1, k_src, v_src, full_hi, hi, o_m0, o_m1, seqlen_q, seqlen_k,
-        stride_k_s, stride_v_s, window_right, qk_scale, p_lse, MASK_LAST, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_N,
-        BLOCK_D, SPLIT_M, USE_TMA, WARP_SPECIALIZE)
+        stride_k_s, stride_v_s, window_right, qk_scale, p_lse, True, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_N,
+        BLOCK_D, SPLIT_M, USE_TMA)
 
     _fwd_fast_store(p_o, p_lse, o_dst, acc0, l0, mx0, o_m0, m0, seqlen_q, stride_o_s, BLOCK_D, USE_TMA)
     if SPLIT_M:
@@ -414,39 +408,43 @@ def forward_config(width: int, dtype: torch.dtype, windowed: bool, has_bias: boo
     return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
 
 
-# The fast path (_flash_fwd_fast_kernel) for long sequences. Off until measured on an H200: the kernel above
-# stays the default; benchmarks/tune_flash_fwd.py times both in one run.
-FAST_FORWARD = False
+# The fast path (_flash_fwd_fast_kernel) for long sequences; False: the kernel above everywhere.
+FAST_FORWARD = True
+# Key loops at least this long take it. Measured (H200, bf16, 16384 tokens, benchmarks/tune_flash_fwd.py,
+# session 5): hd128 at S = 4096 / 8192 508 / 532 TFLOP/s vs 472 / 490 (causal 428 / 484 vs 408 / 443); at
+# S = 2048 the 2-stage TMA tile lost (392 vs 445, causal 301 vs 359), so shorter loops stay on the pointer
+# kernel.
+FAST_MIN_SEQLEN_K = 4096
 
 
-def _fast(bm, bn, warps, stages, split=False, tma=True, ws=False):
-    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, SPLIT_M=split, USE_TMA=tma,
-                WARP_SPECIALIZE=ws)
+def _fast(bm, bn, warps, stages, split=False, tma=True):
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, SPLIT_M=split, USE_TMA=tma)
 
 
-# (head dim, causal) -> config, Hopper: the predicted best of benchmarks/tune_flash_fwd.py's sweep, to be
-# replaced by its measured best. Warp-specialized configs compile with num_warps=4 and run as 12 warps (a
-# producer warpgroup issuing the TMA loads, two consumer warpgroups of 64 rows each); ptxas (sm_90, triton
-# 3.6): 168 registers at launch, no spill; shared memory 197 KB (hd128, 2 stages), 132 KB (hd64, 3).
-# Three hd128 stages of 128-key tiles would need 263 KB (227 KB per block).
+# (head dim, causal) -> config, Hopper, the measured best of benchmarks/tune_flash_fwd.py. Head dim 64 has
+# no entry: the pointer kernel's 128 x 64 tiles measured best there (389-414 TFLOP/s; TMA 128 x 64 399-409,
+# TMA 128 x 128 299-366, split halves 372-410). ptxas (sm_90, triton 3.6), hd128 128 x 128, 8 warps,
+# 3 stages: 193-242 registers, no spill.
 FAST_CONFIGS = {
-    (64, False): _fast(128, 128, 4, 3, ws=True),
-    (64, True): _fast(128, 128, 4, 3, ws=True),
-    (128, False): _fast(128, 128, 4, 2, ws=True),
-    (128, True): _fast(128, 128, 4, 2, ws=True),
+    (128, False): _fast(128, 128, 8, 3),
+    (128, True): _fast(128, 128, 8, 3),
 }
 
 
 def fast_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int,
                         programs_per_row_block: int, num_sms: int = 132):
-    """The fast kernel's config, or None where the pointer kernel's small-shape tiles fit better (short
-    key loops, grids under two waves of 128-row blocks: forward_config's first branch). The interpreter
-    gets 32 x 32 tiles split in two 16-row halves, so every piece of the kernel runs on the CPU tier."""
+    """The fast kernel's config, or None where the pointer kernel measured faster: head dims without a
+    FAST_CONFIGS entry, key loops shorter than FAST_MIN_SEQLEN_K, grids under two waves of 128-row blocks
+    (forward_config's small-shape tiles). The interpreter gets 32 x 32 tiles split in two 16-row halves,
+    so every piece of the kernel runs on the CPU tier."""
     if INTERPRET:
         return _fast(32, 32, 4, 1, split=True)
-    if seqlen_k <= 512 or cdiv(seqlen_q, 128) * programs_per_row_block < 2 * num_sms:
+    key = (head_dim, causal)
+    if key not in FAST_CONFIGS or seqlen_k < FAST_MIN_SEQLEN_K:
         return None
-    return dict(FAST_CONFIGS[(64 if head_dim <= 64 else 128, causal)])
+    if cdiv(seqlen_q, 128) * programs_per_row_block < 2 * num_sms:
+        return None
+    return dict(FAST_CONFIGS[key])
 
 
 def tma_compatible(*tensors) -> bool:
@@ -485,8 +483,8 @@ def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softca
     if INTERPRET:                         # the CPU tier also runs fp32 and small head dims through it
         if head_dim not in (16, 32, 64, 128):
             return None
-    elif head_dim not in (64, 128) or q.dtype not in (torch.float16, torch.bfloat16):
-        return None                       # FAST_CONFIGS covers (and ptxas checked) 16-bit hd 64 / 128
+    elif q.dtype not in (torch.float16, torch.bfloat16) or (head_dim, window_right >= 0) not in FAST_CONFIGS:
+        return None                       # measured and ptxas-checked: 16-bit, FAST_CONFIGS's head dims
     cfg = fast_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1], q.shape[0] * nheads_q,
                               132 if INTERPRET else sm_count(q.device))
     if cfg is not None and cfg["USE_TMA"] and not tma_compatible(q, k, v, out):
@@ -566,8 +564,7 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
         _flash_fwd_fast_kernel[grid](
             q, k, v, out, lse, *q_strides[:3], *k_strides[:3], *v_strides[:3], *o_strides[:3], *lse_strides,
             nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, softmax_scale * math.log2(math.e), window_right,
-            HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_D=head_dim,
-            EVEN_K=seqlen_k % fast["BLOCK_N"] == 0, **fast)
+            HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_D=head_dim, **fast)
         return out, lse
 
     block_d, block_d2 = head_dim_split(head_dim, q.dtype)

@@ -1,0 +1,114 @@
+"""The long-sequence forward kernel (flash_fwd._flash_fwd_fast_kernel: tensor-descriptor tiles, split row
+halves), CPU tier: each knob against the float64 reference with the pointer kernel removed, and the host-side
+plan that decides which kernel runs. GPU-tier counterparts: test_flash_attn_gpu.py."""
+
+from functools import partial
+
+import pytest
+import torch
+
+from attention_utils import (assert_zero_rows, check_attention, flash_ref, no_key_rows_flash, rand, rand_qkv,
+                             sdpa_ref)
+from flashfuse import flash_attn_func, scaled_dot_product_attention
+from flashfuse.ops.attention import flash_fwd
+
+F32, F16 = torch.float32, torch.float16
+
+# ----------------------------------------------------------------------------------------------------
+# Fast forward path (flash_fwd.FAST_FORWARD): tensor-descriptor tiles, split rows
+# ----------------------------------------------------------------------------------------------------
+
+# Interpreter tiles (32 x 32) with each knob of the fast kernel.
+FAST_VARIANTS = {"tma-split": dict(split=True), "tma": {}, "pointer": dict(tma=False),
+                 "pointer-split": dict(split=True, tma=False)}
+
+
+@pytest.mark.parametrize("variant, batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype, opts", [
+    pytest.param("tma-split", 1, 77, 131, 4, 1, 32, F32, {"causal": True}, id="tma-split-causal-sq<sk-mqa"),
+    pytest.param("tma-split", 2, 131, 77, 2, 2, 16, F16, {"causal": True}, id="tma-split-causal-nokey-fp16"),
+    pytest.param("tma", 1, 67, 96, 4, 2, 64, F32, {}, id="tma-even-keys-gqa"),
+    pytest.param("pointer", 2, 131, 77, 2, 1, 16, F16, {"causal": True}, id="pointer-causal-nokey-fp16"),
+    pytest.param("pointer-split", 1, 37, 77, 2, 2, 32, F32, {"window_size": (-1, 5), "softmax_scale": 0.3},
+                 id="pointer-split-window-right-ragged"),
+    pytest.param("tma", 1, 33, 17, 2, 2, 16, F16, {}, id="tma-one-ragged-key-block-fp16"),
+    pytest.param("tma", 1, 45, 64, 2, 2, 16, F32, {}, id="tma-even-keys-unmasked"),
+])
+def test_fast_forward(device, monkeypatch, variant, batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim,
+                      dtype, opts):
+    """The fast kernel alone (the pointer kernel removed) against the float64 reference: out, lse, every
+    gradient (the backward consumes its lse), rows with no visible key exactly 0."""
+    monkeypatch.setattr(flash_fwd, "FAST_FORWARD", True)
+    config = flash_fwd._fast(32, 32, 4, 1, **FAST_VARIANTS[variant])
+    monkeypatch.setattr(flash_fwd, "fast_forward_config", lambda *a: config)
+    monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
+    q, k, v = rand_qkv(batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype=dtype, device=device)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
+    grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse)
+    empty = no_key_rows_flash(ref_lse)
+    assert_zero_rows("out", out.detach(), empty)
+    assert_zero_rows("dq", grads["q"], empty)
+
+
+def test_fast_forward_sdpa_top_left_causal(device, monkeypatch):
+    """torch SDPA's causal mask is top-left aligned (BOTTOM_RIGHT off) when seqlen_q != seqlen_k."""
+    monkeypatch.setattr(flash_fwd, "FAST_FORWARD", True)
+    monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
+    q, k, v = (rand(1, 2, s, 32, dtype=F32, device=device) for s in (45, 70, 70))
+    out = scaled_dot_product_attention(q, k, v, is_causal=True)
+    check_attention(partial(sdpa_ref, is_causal=True), {"query": q, "key": k, "value": v}, out)
+
+
+def test_fast_forward_plan(monkeypatch):
+    """Host-side choice: the fast kernel only for what it implements, on TMA-compatible tensors, and
+    only when FAST_FORWARD is set; everything else goes to the pointer kernel."""
+    monkeypatch.setattr(flash_fwd, "FAST_FORWARD", True)
+    x = torch.empty(2, 64, 4, 64, dtype=F16)
+
+    def plan(q=x, k=x, **kw):
+        args = dict(window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, attn_bias=None,
+                    dropout_p=0.0, is_varlen=False)
+        args.update(kw)
+        return flash_fwd._fast_forward_plan(q, k, k, torch.empty_like(q), q.shape[-1], *args.values(), q.shape[2])
+
+    assert plan() is not None and plan(window_right=0) is not None and plan(window_right=9) is not None
+    for kw in (dict(window_left=8), dict(softcap=1.0), dict(dropout_p=0.1), dict(is_varlen=True),
+               dict(alibi_slopes=torch.ones(4)), dict(attn_bias=torch.zeros(1, 1, 64, 64))):
+        assert plan(**kw) is None, kw
+    assert plan(q=torch.empty(2, 64, 4, 40, dtype=F16)) is None                 # head dim not a power of two
+    unaligned = torch.empty(2, 64, 4, 65, dtype=F16)[..., 1:]                    # rows 130 bytes apart
+    assert not flash_fwd.tma_compatible(unaligned) and plan(q=unaligned) is None
+    assert flash_fwd.tma_compatible(x, x.transpose(1, 2).contiguous().transpose(1, 2))
+    assert not flash_fwd.tma_compatible(torch.empty(2, 1, 4, 64, dtype=F16).expand(2, 64, 4, 64))
+    monkeypatch.setattr(flash_fwd, "INTERPRET", False)     # compiled: 16-bit, the head dims of its table
+    assert plan(q=torch.empty(2, 64, 4, 32, dtype=F16)) is None and plan(q=x.float()) is None
+    monkeypatch.setattr(flash_fwd, "FAST_FORWARD", False)
+    assert plan() is None
+
+
+def test_fast_forward_config_table(monkeypatch):
+    """Compiled-GPU table: head dim 128 (causal or not) takes the fast kernel from FAST_MIN_SEQLEN_K keys on;
+    head dim 64, shorter key loops and small grids keep the pointer kernel (measured faster there)."""
+    monkeypatch.setattr(flash_fwd, "INTERPRET", False)
+    long = flash_fwd.FAST_MIN_SEQLEN_K
+    for causal in (False, True):
+        c = flash_fwd.fast_forward_config(128, causal, long, long, 64, 132)
+        assert set(c) == {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "SPLIT_M", "USE_TMA"}, c
+        assert flash_fwd.fast_forward_config(64, causal, long, long, 64, 132) is None
+        assert flash_fwd.fast_forward_config(128, causal, long, long // 2, 64, 132) is None
+    assert flash_fwd.fast_forward_config(128, False, long, long, 4, 132) is None        # 128 programs
+
+
+def test_tma_allocator_set_once():
+    """ensure_tma_allocator installs the scratch allocator only where none is set (per context)."""
+    import contextvars
+
+    from triton.runtime import _allocation
+
+    def run():
+        flash_fwd.ensure_tma_allocator()
+        assert _allocation._allocator.get() is flash_fwd._tma_scratch
+        mine = lambda size, alignment, stream: None  # noqa: E731
+        _allocation._allocator.set(mine)
+        flash_fwd.ensure_tma_allocator()
+        assert _allocation._allocator.get() is mine
+    contextvars.copy_context().run(run)
