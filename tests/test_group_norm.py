@@ -214,7 +214,7 @@ def test_chunked_mode(device, monkeypatch, layout, shape, groups, activation, we
 
 def test_chunk_plan_at_real_sizes():
     """SD shapes on 132 SMs: >= 2 programs per SM in every wave, whole 128-byte channels_last rows, waves
-    within WAVE_BYTES (or one sample), chunks that cover HW exactly once."""
+    within WAVE_BYTES (or one sample; WAVE_BYTES = 0: one wave), chunks that cover HW exactly once."""
     for n, c, hw in ((2, 320, 4096), (8, 320, 16384), (16, 640, 4096), (16, 1280, 1024), (1, 30, 90601)):
         for cl in (False, True):
             for inputs in (1, 2):
@@ -223,7 +223,10 @@ def test_chunk_plan_at_real_sizes():
                 p = gn_ops.chunk_plan(n, c, hw, cl, c * hw * 2 * inputs, cfg)
                 assert p.block_c * p.block_hw <= gn_ops.CHUNK_TILE
                 assert p.chunk_hw % p.block_hw == 0 and (p.n_chunks - 1) * p.chunk_hw < hw <= p.n_chunks * p.chunk_hw
-                assert p.wave == 1 or p.wave * c * hw * 2 * inputs <= gn_ops.WAVE_BYTES
+                if gn_ops.WAVE_BYTES:
+                    assert p.wave == 1 or p.wave * c * hw * 2 * inputs <= gn_ops.WAVE_BYTES
+                else:
+                    assert p.wave == n, p          # one wave: the whole tensor
                 if c % 64 == 0:
                     assert p.block_c * p.block_hw == gn_ops.CHUNK_TILE and p.num_warps == 8
                     assert p.wave * p.n_chunks * p.n_cblocks >= 2 * 132

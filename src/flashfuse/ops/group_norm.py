@@ -89,12 +89,17 @@ RESIDENT_SYNC = True   # one launch with the in-kernel counter meeting (False: t
 # (0.29 / 0.20 ms vs 0.36 / 0.18). Kept, tested on both tiers, for the next round of measurement.
 USE_RESIDENT = False   # True: RESIDENT for large and channels_last groups instead of LOOP / SPLIT
 # CHUNKED mode (group_norm_details/_chunked*.py; the arithmetic is in _chunked_launch.py): programs over
-# (sample, pixel chunk, channel block) slabs with per-channel partials, a tiny per-group finalize, x re-read
-# from L2 in waves of WAVE_BYTES. On for channels_last (the old per-group programs read 20..80-byte runs at a
-# C-element stride: 10-26% of copy); for NCHW groups too large for one tile behind CHUNKED_NCHW until measured.
+# (sample, pixel chunk, channel block) slabs with per-channel partials, a tiny per-group finalize, then x
+# re-read. On for channels_last, where the old per-group programs read 20..80-byte runs at a C-element stride.
+# Measured (H200, bf16, CUDA graphs, benchmarks/tune_group_norm.py, session 5; % of copy, fwd / fwd+bwd):
+# channels_last (8,320,128,128) 10 / 12 -> 36 / 30, (16,640,64,64) 26 / 21 -> 34 / 30, (16,1280,32,32)
+# 26 / 19 -> 25 / 24. NCHW stays on LOOP / SPLIT (48-52% fwd there vs CHUNKED's 39-50%).
 CHUNKED_CHANNELS_LAST, CHUNKED_NCHW = True, False
 CHUNK_TILE, CHUNK_ELEMENTS_PER_WARP, CHUNK_PROGRAMS_PER_SM = 4096, 512, 4   # 8 KB bf16 tiles on 8 warps
-WAVE_BYTES = 24 << 20   # input bytes per wave (0: whole tensor at once); ~half the H200's 50 MB L2
+# Input bytes per wave (0: the whole tensor at once). Waves of 24 MB, meant to keep the re-read in L2, measured
+# slower everywhere (channels_last (8,320,128,128) fwd 125 vs 111 us, NCHW 101 vs 82 us): the launches and
+# their tails cost more than the L2 hits save.
+WAVE_BYTES = 0
 CHUNK_STAGES = 1        # tl.range pipelining of the tile loops (1: none; a tune knob)
 SPIN_LIMIT = 1 << 21   # ~1 s of polling before a unit gives up with NaN statistics (never in a sound launch)
 

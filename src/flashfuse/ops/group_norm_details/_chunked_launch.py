@@ -20,7 +20,9 @@ HBM latency under load, 50 MB of L2):
   re-reads its input, so input + output of a wave (~2 x WAVE_BYTES) should stay below the L2: 24 MB is
   2 samples of (8, 320, 128, 128), 4 of (16, 640, 64, 64), 9 of (16, 1280, 32, 32). The price is three
   launches per wave (~1-2 us of drain and fill each): (8, 320, 128, 128) runs 4 waves, 12 launches, against
-  ~40 us of HBM time at the copy rate. A tensor that fits is one wave.
+  ~40 us of HBM time at the copy rate. A tensor that fits is one wave. Measured on an H200 (session 5), the
+  waves were slower at every SD shape (the launches and tails cost more than the L2 hits saved), so the
+  default is WAVE_BYTES = 0: one wave.
 - The per-channel partials are [N, K, C] fp32 x 2: at most ~4 x 132 programs x BLOCK_C channels x 8 bytes
   (~1 MB at C = 1280), written and read once from L2: a few % of the traffic.
 """
