@@ -4,7 +4,7 @@
 
 Variants are module knobs of ``flashfuse.ops.group_norm`` (no code edits):
     legacy          ONE_TILE / LOOP / SPLIT, one program per group (CHUNKED off in both layouts)
-    chunked         CHUNKED in both layouts, 24 MB waves of samples (x re-read from L2)
+    chunked         CHUNKED in both layouts, the whole tensor in one wave (the default plan)
     chunked-waves24 CHUNKED in waves of 24 MB of input (the re-read meant to hit L2; measured slower)
     chunked-st2     CHUNKED, tile loops software-pipelined over 2 stages (tl.range num_stages)
     chunked-pps2    CHUNKED, 2 programs per SM (fewer, longer chunks; fewer partials)
