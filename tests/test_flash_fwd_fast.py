@@ -80,6 +80,7 @@ def test_fast_forward_plan(monkeypatch):
     assert flash_fwd.tma_compatible(x, x.transpose(1, 2).contiguous().transpose(1, 2))
     assert not flash_fwd.tma_compatible(torch.empty(2, 1, 4, 64, dtype=F16).expand(2, 64, 4, 64))
     monkeypatch.setattr(flash_fwd, "INTERPRET", False)     # compiled: 16-bit, the head dims of its table
+    monkeypatch.setattr(flash_fwd, "sm_count", lambda device: 132)
     assert plan(q=torch.empty(2, 64, 4, 32, dtype=F16)) is None and plan(q=x.float()) is None
     monkeypatch.setattr(flash_fwd, "FAST_FORWARD", False)
     assert plan() is None
