@@ -42,9 +42,11 @@ LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, 
 LLAMA_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, vocab_size=256, rope_theta=500000.0, rms_norm_eps=1e-5,
                   tie_word_embeddings=True, max_position_embeddings=512)
-# The largest batch of 2048 tokens that HF eager (sdpa) fits on an H200 (140 GiB): B20 peaks at 132.6 GiB,
-# B24 runs out of memory (session 5, a probe of one AdamW step each; B8 52.6, B16 107.5 GiB). --quick: B8.
-GPU_BATCH, GPU_QUICK_BATCH, SEQLEN = 20, 8, 2048
+# The largest batch of 2048 tokens that HF eager (sdpa) fits on an H200 (140 GiB) inside this bench: B16
+# (107.5 GiB). Alone in a process B20 peaked at 132.6 GiB and B24 ran out of memory (session 5, one AdamW step
+# each; B8 52.6 GiB); in the bench, after the other providers and with the fp32 reference, B20 ran out of
+# memory in HF eager's training step and in every provider's prefill check. --quick: B8.
+GPU_BATCH, GPU_QUICK_BATCH, SEQLEN = 16, 8, 2048
 CPU_BATCH, CPU_SEQLEN = 2, 16
 SIZES = {"llama-3.2-1b": LLAMA_1B, "llama-tiny": LLAMA_TINY}
 DIFFUSION = {"sd15-unet": ("unet", dm.SD15_UNET), "unet-tiny": ("unet", dm.UNET_TINY),
