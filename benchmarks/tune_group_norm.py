@@ -37,10 +37,10 @@ import flashfuse.ops.group_norm as gn
 
 BUDGET_S = 100.0
 SHAPES = [(2, 320, 64, 64), (8, 320, 128, 128), (16, 640, 64, 64), (16, 1280, 32, 32)]
-KNOBS = ("USE_RESIDENT", "CHUNKED_CHANNELS_LAST", "CHUNKED_NCHW", "WAVE_BYTES", "CHUNK_STAGES",
-         "CHUNK_PROGRAMS_PER_SM")
+KNOBS = ("USE_RESIDENT", "CHUNKED_CHANNELS_LAST", "CHUNKED_NCHW", "CHUNKED_NCHW_MIN_GROUP", "WAVE_BYTES",
+         "CHUNK_STAGES", "CHUNK_PROGRAMS_PER_SM")
 DEFAULTS = {k: getattr(gn, k) for k in KNOBS}
-ON = dict(CHUNKED_CHANNELS_LAST=True, CHUNKED_NCHW=True)
+ON = dict(CHUNKED_CHANNELS_LAST=True, CHUNKED_NCHW=True, CHUNKED_NCHW_MIN_GROUP=0)
 VARIANTS = {   # in run order: peers and old first, new last
     "eager": None,
     "compile": None,

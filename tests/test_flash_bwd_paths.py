@@ -1,7 +1,6 @@
 """The backward's alternative paths, CPU tier: the atomic-dQ path (deterministic=False with
-flash_bwd.ATOMIC_DQ on: one program per key block, dQ added in fp32 by atomics), the deterministic grid, and
-its two GQA layouts (flash_bwd.SPLIT_GQA). Every gradient against the float64 reference on odd shapes, and
-launcher-level agreement of the paths."""
+flash_bwd.ATOMIC_DQ on: one program per key block, dQ added in fp32 by atomics) and the deterministic grid.
+Every gradient against the float64 reference on odd shapes, and launcher-level agreement of the paths."""
 
 from functools import partial
 
@@ -117,40 +116,3 @@ def test_backward_config_tables(monkeypatch):
                 if dtype != F32 and block_d <= 128:
                     assert c["BLOCK_N1"] == 128, c
     assert flash_bwd.ATOMIC_DQ is False, "ATOMIC_DQ measured slower on the H200 (session 5): off by default"
-
-
-@pytest.mark.parametrize("split", [True, False], ids=["split-group", "group-loop"])
-@pytest.mark.parametrize("batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype, opts", [
-    pytest.param(2, 37, 77, 6, 2, 40, F32, {"causal": True}, id="gqa3-causal-fp32-d40"),
-    pytest.param(1, 45, 33, 4, 1, 64, F16, {"window_size": (7, 3), "alibi": "h"}, id="mqa-window-alibi-fp16"),
-])
-def test_gqa_backward_layouts(device, monkeypatch, split, batch, seqlen_q, seqlen_k, nheads_q, nheads_k,
-                              headdim, dtype, opts):
-    """GQA / MQA on the deterministic grid both ways (flash_bwd.SPLIT_GQA): per-query-head fp32 dK/dV
-    shares summed over the group, or one program looping over the group; every gradient against float64."""
-    monkeypatch.setattr(flash_bwd, "SPLIT_GQA", split)
-    q, k, v = rand_qkv(batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype=dtype, device=device)
-    opts = expand_options(opts, device, batch, nheads_q)
-    out = flash_attn_func(q, k, v, deterministic=True, **opts)
-    grads, _ = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out)
-    for name, g in grads.items():
-        assert_finite(f"d{name}", g)
-
-
-def test_gqa_split_varlen_and_bit_identity(device):
-    """The split-group layout on packed sequences (lengths 1 and 0 among them) and its determinism: two
-    runs give the same bits."""
-    lens_q, lens_k = varlen_lens(6)
-    q, k, v, cu_q, cu_k = varlen_inputs(lens_q, lens_k, 4, 2, 40, F32, device)
-    dout = torch.randn_like(q)
-
-    def grads():
-        out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
-                                     deterministic=True)
-        return torch.autograd.grad(out, (q, k, v), dout)
-    first, second = grads(), grads()
-    for name, a, b in zip(("dq", "dk", "dv"), first, second):
-        assert_finite(name, a)
-        assert torch.equal(a, b), f"{name}: not bit-identical"
-    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, deterministic=True)
-    check_attention(partial(varlen_ref, cu_q=cu_q, cu_k=cu_k, causal=True), {"q": q, "k": k, "v": v}, out)

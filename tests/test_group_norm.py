@@ -193,7 +193,8 @@ def test_chunked_mode(device, monkeypatch, layout, shape, groups, activation, we
     x = torch.empty(shape, device=device)
     itemsize = torch.empty((), dtype=dtype).element_size()
     inputs = 3 if residual == "full" else 2                 # the backward's wave counts x, dy (and residual)
-    for name, value in (("USE_RESIDENT", False), ("CHUNKED_NCHW", True), ("CHUNKED_CHANNELS_LAST", True),
+    for name, value in (("USE_RESIDENT", False), ("CHUNKED_NCHW", True), ("CHUNKED_NCHW_MIN_GROUP", 0),
+                        ("CHUNKED_CHANNELS_LAST", True),
                         ("ONE_TILE_FWD", 16), ("ONE_TILE_BWD", 16), ("CHUNK_TILE", tile),
                         ("INTERPRETER_SMS", sms), ("WAVE_BYTES", wave * x[0].numel() * itemsize * inputs)):
         monkeypatch.setattr(gn_ops, name, value)

@@ -163,6 +163,7 @@ def test_chunked_sd_shapes_gpu(monkeypatch, wave_bytes, shape, layout):
     (24 MB waves) and one wave; silu(GN(x + temb)) and every gradient against float64."""
     monkeypatch.setattr(gn_ops, "USE_RESIDENT", False)
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW", True)
+    monkeypatch.setattr(gn_ops, "CHUNKED_NCHW_MIN_GROUP", 0)
     monkeypatch.setattr(gn_ops, "CHUNKED_CHANNELS_LAST", True)
     monkeypatch.setattr(gn_ops, "WAVE_BYTES", wave_bytes)
     n, c = shape[:2]
@@ -177,6 +178,7 @@ def test_chunked_sd_shapes_gpu(monkeypatch, wave_bytes, shape, layout):
 def test_chunked_stages_and_full_residual_gpu(monkeypatch, stages, layout):
     """The tune knob CHUNK_STAGES (software-pipelined tile loops) and a full residual, fp16, mish."""
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW", True)
+    monkeypatch.setattr(gn_ops, "CHUNKED_NCHW_MIN_GROUP", 0)
     monkeypatch.setattr(gn_ops, "CHUNK_STAGES", stages)
     t = make((4, 640, 64, 64), F16, "cuda", layout=layout, residual="full", shift=3.0)
     check(t, 32, "mish", TOL[F16])
@@ -185,6 +187,7 @@ def test_chunked_stages_and_full_residual_gpu(monkeypatch, stages, layout):
 def test_chunked_cuda_graph_gpu(monkeypatch):
     """The waves' launches replay in a CUDA graph (the tune script and the bench time them that way)."""
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW", True)
+    monkeypatch.setattr(gn_ops, "CHUNKED_NCHW_MIN_GROUP", 0)
     x = torch.randn(8, 320, 128, 128, device="cuda", dtype=BF16).to(memory_format=CL)
     w, b = torch.randn(320, device="cuda"), torch.randn(320, device="cuda")
     y_ref = group_norm(x, 32, w, b, 1e-5, "silu")

@@ -93,8 +93,11 @@ USE_RESIDENT = False   # True: RESIDENT for large and channels_last groups inste
 # re-read. On for channels_last, where the old per-group programs read 20..80-byte runs at a C-element stride.
 # Measured (H200, bf16, CUDA graphs, benchmarks/tune_group_norm.py, session 5; % of copy, fwd / fwd+bwd):
 # channels_last (8,320,128,128) 10 / 12 -> 36 / 30, (16,640,64,64) 26 / 21 -> 34 / 30, (16,1280,32,32)
-# 26 / 19 -> 25 / 24. NCHW stays on LOOP / SPLIT (48-52% fwd there vs CHUNKED's 39-50%).
-CHUNKED_CHANNELS_LAST, CHUNKED_NCHW = True, False
+# 26 / 19 -> 25 / 24 (before the 3 stages below). NCHW groups of at least CHUNKED_NCHW_MIN_GROUP elements
+# too (3 stages: (8,320,128,128) 52 / 47 vs LOOP 52 / 44, (16,640,64,64) 53 / 48 vs 50 / 39); smaller ones
+# stay on LOOP / SPLIT ((16,1280,32,32), 40960 per group: 47 / 43 vs CHUNKED 39 / 34).
+CHUNKED_CHANNELS_LAST, CHUNKED_NCHW = True, True
+CHUNKED_NCHW_MIN_GROUP = 65536
 CHUNK_TILE, CHUNK_ELEMENTS_PER_WARP, CHUNK_PROGRAMS_PER_SM = 4096, 512, 4   # 8 KB bf16 tiles on 8 warps
 # Input bytes per wave (0: the whole tensor at once). Waves of 24 MB, meant to keep the re-read in L2, measured
 # slower everywhere (channels_last (8,320,128,128) fwd 125 vs 111 us, NCHW 101 vs 82 us): the launches and
@@ -239,7 +242,8 @@ def _resident_plan_cached(n, groups, cpg, hw, channels_contiguous, elt_bytes, ch
 def _use_chunked(groups: int, cpg: int, hw: int, channels_last: bool, one_tile: int) -> bool:
     if channels_last:
         return CHUNKED_CHANNELS_LAST
-    return CHUNKED_NCHW and next_power_of_2(cpg) * next_power_of_2(hw) > one_tile
+    return (CHUNKED_NCHW and next_power_of_2(cpg) * next_power_of_2(hw) > one_tile
+            and cpg * hw >= CHUNKED_NCHW_MIN_GROUP)
 
 
 def _chunk_config(device: torch.device) -> ChunkConfig:

@@ -124,7 +124,7 @@ def _dkdv_query_blocks(dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, 
 
 @triton.jit
 def _dkdv_program(
-    i_n, i_b, i_hk, g_lo, g_hi, i_hd,
+    i_n, i_b, i_hk,
     p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv, p_dqa, p_cu_seqlens_q, p_cu_seqlens_k, p_alibi,
     p_bias, p_rng,
     stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h,
@@ -140,8 +140,7 @@ def _dkdv_program(
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr, STAGGER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
-    """dK, dV of key block i_n of kv head i_hk, summed over the query heads g_lo..g_hi - 1 of its GQA
-    group (the whole group, or one head under SPLIT_GROUP), stored at head i_hd of p_dk / p_dv
+    """dK, dV of key block i_n of kv head i_hk, summed over the query heads of its GQA group
     (ATOMIC_DQ: and every tile's dQ contribution, added into p_dqa)."""
     q_start, seqlen_q = seq_bounds(p_cu_seqlens_q, i_b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = seq_bounds(p_cu_seqlens_k, i_b, seqlen_k, IS_VARLEN)
@@ -166,7 +165,7 @@ def _dkdv_program(
     lo, full_lo, full_hi, hi = query_block_phases(n0, seqlen_q, seqlen_k, window_left, window_right,
                                                   BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT)
     shift = n0 // BLOCK_M * BLOCK_M          # STAGGER: key block n starts its full phase near row n0
-    for g in range(g_lo, g_hi):                                # the GQA group, in a fixed order
+    for g in range(0, group):                                  # the GQA group, in a fixed order
         i_h = i_hk * group + g
         i_bh = i_b * nheads_q + i_h
         q_base = p_q + i_b64 * stride_q_b + q_start * stride_q_s + i_h * stride_q_h
@@ -199,8 +198,8 @@ def _dkdv_program(
             stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
             HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, False, BLOCK_M)
 
-    dk_off = i_b64 * stride_dk_b + k_start * stride_dk_s + i_hd * stride_dk_h
-    dv_off = i_b64 * stride_dv_b + k_start * stride_dv_s + i_hd * stride_dv_h
+    dk_off = i_b64 * stride_dk_b + k_start * stride_dk_s + i_hk * stride_dk_h
+    dv_off = i_b64 * stride_dv_b + k_start * stride_dv_s + i_hk * stride_dv_h
     tl.store(p_dk + dk_off + o_n[:, None] * stride_dk_s + o_d[None, :],
              (dk * sm_scale).to(p_dk.dtype.element_ty), mask=m_kv)
     tl.store(p_dv + dv_off + o_n[:, None] * stride_dv_s + o_d[None, :], dv.to(p_dv.dtype.element_ty),
@@ -328,7 +327,7 @@ def _flash_bwd_kernel(
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr, STAGGER: tl.constexpr,
-    HEADS_FIRST: tl.constexpr, SPLIT_GROUP: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
     BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
@@ -342,29 +341,18 @@ def _flash_bwd_kernel(
     causal mask those are the heaviest programs (they see every query block), and concurrent programs
     of one head are few, so few of them add into the same dQ rows at once. Otherwise (num_kv_blocks,
     batch * nheads_k): the programs in flight share one or two heads, whose fp32 dQ (S x D x 4 bytes,
-    4 MB at S = 8192, hd128) then stays in L2; with STAGGER they add into different rows.
-
-    SPLIT_GROUP (GQA, deterministic grid): axis 1 runs over query heads, not kv heads; each dK/dV program
-    covers one query head and stores its share at that head of p_dk / p_dv (fp32 buffers shaped like q,
-    summed over the group by the launcher), each row has num_q_blocks dQ programs of its own head."""
+    4 MB at S = 8192, hd128) then stays in L2; with STAGGER they add into different rows."""
     if ATOMIC_DQ and HEADS_FIRST:
         i_bhk = tl.program_id(0)
         pid = tl.program_id(1)
     else:
         pid = tl.program_id(0)
         i_bhk = tl.program_id(1)
-    if SPLIT_GROUP:
-        i_b = i_bhk // nheads_q
-        i_hq = i_bhk % nheads_q
-        i_hk = i_hq // group
-        g_lo, g_hi, i_hd, dq_head0 = i_hq % group, i_hq % group + 1, i_hq, i_hq
-    else:
-        i_b = i_bhk // nheads_k
-        i_hk = i_bhk % nheads_k
-        g_lo, g_hi, i_hd, dq_head0 = 0, group, i_hk, i_hk * group
+    i_b = i_bhk // nheads_k
+    i_hk = i_bhk % nheads_k
     if pid < num_kv_blocks:
         _dkdv_program(
-            pid, i_b, i_hk, g_lo, g_hi, i_hd, p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv, p_dqa, p_cu_seqlens_q,
+            pid, i_b, i_hk, p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv, p_dqa, p_cu_seqlens_q,
             p_cu_seqlens_k, p_alibi, p_bias, p_rng,
             stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h,
             stride_v_b, stride_v_s, stride_v_h, stride_do_b, stride_do_s, stride_do_h,
@@ -380,7 +368,7 @@ def _flash_bwd_kernel(
         j = pid - num_kv_blocks
         i_m = num_q_blocks - 1 - j % num_q_blocks             # heaviest (causal) query blocks first
         _dq_program(
-            i_m, i_b, dq_head0 + j // num_q_blocks, p_q, p_k, p_v, p_do, p_lse, p_delta, p_dq,
+            i_m, i_b, i_hk * group + j // num_q_blocks, p_q, p_k, p_v, p_do, p_lse, p_delta, p_dq,
             p_cu_seqlens_q, p_cu_seqlens_k, p_alibi, p_bias, p_rng,
             stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h,
             stride_v_b, stride_v_s, stride_v_h, stride_do_b, stride_do_s, stride_do_h,
@@ -450,26 +438,9 @@ def atomic_backward_config(head_dim_block: int, dtype: torch.dtype, score_extras
     return dict(BLOCK_M1=32 if score_extras else 64, BLOCK_N1=128, num_warps=8, num_stages=2, STAGGER=False)
 
 
-# GQA on the deterministic grid: one dK/dV program per (key block, query head) writing an fp32 share,
-# summed over the group afterwards (flash-attn 2's layout), instead of one program looping over the group.
-# The loop adds ~200 bytes of spills (NOTES.md) and makes the dK/dV programs `group` times longer than the
-# dQ programs; the price is 2 x 4 bytes per (query head, key, d) written and read once. Llama-3.2-1B's
-# attention (32 / 8 heads, hd64, causal, S = 2048) ran at 214 TFLOP/s in the training step's profile
-# against 283 for the same shape without GQA (bench attention).
-SPLIT_GQA = True
-
 # 2048 fp32 per program, 4 warps: 16 elements (four 16-byte vectors) per thread, enough in flight to
 # stream at the copy rate; the whole pass is ~1.5% of the backward at S = 8192 (6 bytes per dQ element).
 _CONVERT_BLOCK = 2048
-
-
-def _sum_group(share: torch.Tensor, like: torch.Tensor, nheads_k: int) -> torch.Tensor:
-    """(..., nheads_q, D) fp32 shares -> (..., nheads_k, D) in like's dtype: the sum over each group's
-    consecutive query heads (a fixed order: deterministic). Shares already shaped like ``like`` pass."""
-    if share.shape == like.shape and share.dtype == like.dtype:
-        return share
-    grouped = share.view(*share.shape[:-2], nheads_k, share.shape[-2] // nheads_k, share.shape[-1])
-    return grouped.sum(-2).to(like.dtype)
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window_left: int = -1,
@@ -489,15 +460,9 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     use_atomic = (ATOMIC_DQ if atomic_dq is None else atomic_dq) and not deterministic
     head_dim = q.shape[-1]
     nheads_q, nheads_k = q.shape[-2], k.shape[-2]
-    group = nheads_q // nheads_k
-    split_group = SPLIT_GQA and group > 1 and not use_atomic
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if split_group:       # per-query-head fp32 shares, (..., nheads_q, head_dim), summed over the group below
-        dk = torch.empty(k.shape[:-2] + (nheads_q, head_dim), dtype=torch.float32, device=k.device)
-        dv = torch.empty(v.shape[:-2] + (nheads_q, head_dim), dtype=torch.float32, device=v.device)
-    else:
-        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     # The fp32 dQ accumulator (shaped like q, contiguous); a dummy pointer on the deterministic path.
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if use_atomic else dq
     if is_varlen:
@@ -510,7 +475,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
         strides = [t.stride() for t in (q, k, v, out, dout, dq, dk, dv, dq_acc)]
         lse_strides = (lse.stride(0), lse.stride(1))
     if q.numel() == 0 or k.numel() == 0:
-        return dq.zero_(), *(_sum_group(t.zero_(), g, nheads_k) for t, g in ((dk, k), (dv, v)))
+        return dq.zero_(), dk.zero_(), dv.zero_()
     q_s, k_s, v_s, o_s, do_s, dq_s, dk_s, dv_s, dqa_s = (s[:3] for s in strides)
 
     block_d = head_dim_block(head_dim)
@@ -525,6 +490,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
                           softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
                           dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
                           cu_seqlens_k=cu_seqlens_k, dummy=dq)
+    group = nheads_q // nheads_k
     if use_atomic:
         extras = softcap > 0 or alibi_slopes is not None or attn_bias is not None or dropout_p > 0 or window_left >= 0
         cfg = dict(config or atomic_backward_config(block_d, q.dtype, extras))
@@ -536,18 +502,13 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
         cfg, stagger, heads_first = dict(config or backward_config(block_d, q.dtype)), False, False
         num_kv_blocks = cdiv(seqlen_k, cfg["BLOCK_N1"])
         num_q_blocks = cdiv(seqlen_q, cfg["BLOCK_M2"])
-        if split_group:
-            grid = (num_kv_blocks + num_q_blocks, batch * nheads_q)
-        else:
-            grid = (num_kv_blocks + group * num_q_blocks, batch * nheads_k)
+        grid = (num_kv_blocks + group * num_q_blocks, batch * nheads_k)
     _flash_bwd_kernel[grid](
         q, k, v, dout, lse, delta, dq, dk, dv, dq_acc, *opts.pointers,
         *q_s, *k_s, *v_s, *do_s, *dq_s, *dk_s, *dv_s, *dqa_s, *lse_strides, *opts.strides,
         nheads_q, nheads_k, group, seqlen_q, seqlen_k, head_dim, num_kv_blocks, num_q_blocks,
         softmax_scale, *opts.scalars, **opts.flags, ATOMIC_DQ=use_atomic, STAGGER=stagger,
-        HEADS_FIRST=heads_first, SPLIT_GROUP=split_group, **cfg)
-    if split_group:
-        dk, dv = _sum_group(dk, k, nheads_k), _sum_group(dv, v, nheads_k)
+        HEADS_FIRST=heads_first, **cfg)
     if use_atomic:
         _dq_convert_kernel[(cdiv(dq.numel(), _CONVERT_BLOCK),)](dq_acc, dq, dq.numel(), softmax_scale,
                                                                 BLOCK=_CONVERT_BLOCK, num_warps=4)
