@@ -7,7 +7,8 @@ Variants are module knobs of ``flashfuse.ops.group_norm`` (no code edits):
     chunked         CHUNKED in both layouts, the whole tensor in one wave (the default plan)
     chunked-waves24 CHUNKED in waves of 24 MB of input (the re-read meant to hit L2; measured slower)
     chunked-st2     CHUNKED, tile loops software-pipelined over 2 stages (tl.range num_stages)
-    chunked-st3     the same over 3 stages
+    chunked-st3     the same over 3 stages (the default)
+    chunked-st4     the same over 4 stages
     chunked-pps2    CHUNKED, 2 programs per SM (fewer, longer chunks; fewer partials)
     eager           PyTorch F.silu(F.group_norm(x)) (the peer)
     compile         torch.compile of the same (forward only: its backward through autograd is not graph-safe
@@ -49,6 +50,7 @@ VARIANTS = {   # in run order: peers and old first, new last
     "chunked-waves24": dict(ON, WAVE_BYTES=24 << 20),
     "chunked-st2": dict(ON, CHUNK_STAGES=2),
     "chunked-st3": dict(ON, CHUNK_STAGES=3),
+    "chunked-st4": dict(ON, CHUNK_STAGES=4),
     "chunked-pps2": dict(ON, CHUNK_PROGRAMS_PER_SM=2),
 }
 GROUPS, DTYPE, EPS = 32, torch.bfloat16, 1e-5
