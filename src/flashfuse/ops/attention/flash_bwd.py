@@ -417,7 +417,9 @@ def backward_config(head_dim_block: int, dtype: torch.dtype) -> dict:
 # 128 keys per program. Measured slower than the deterministic grid (H200, bf16, 16384 tokens, session 5,
 # best of 8 configs per shape): hd128 S = 8192 7713 vs 6574 us (causal 3755 vs 3609), hd64 8552 vs 8081
 # (causal 4292 vs 4395: its one win); the extra [BLOCK_M1, D] product and the adds cost more than the two
-# recomputed products save at these tiles. Kept, tested on both tiers, for a TMA-reduce version.
+# recomputed products save at these tiles. Kept, tested on both tiers, for a TMA-reduce version. Before
+# turning it on by default: the custom op (interface.py) does not pass flash_attn_func's ``deterministic``
+# down to flash_attn_backward yet, so every call, deterministic=True included, would take the atomic path.
 ATOMIC_DQ = False
 
 
