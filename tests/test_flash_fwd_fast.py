@@ -10,6 +10,7 @@ import torch
 from attention_utils import (assert_zero_rows, check_attention, flash_ref, no_key_rows_flash, rand, rand_qkv,
                              sdpa_ref)
 from flashfuse import flash_attn_func, scaled_dot_product_attention
+from flashfuse.ops._triton import tma_scratch
 from flashfuse.ops.attention import flash_fwd
 
 F32, F16 = torch.float32, torch.float16
@@ -100,14 +101,15 @@ def test_fast_forward_config_table(monkeypatch):
 
 
 def test_tma_allocator_set_once():
-    """ensure_tma_allocator installs the scratch allocator only where none is set (per context)."""
+    """ensure_tma_allocator (ops/_triton.py, shared with the matmul) installs the scratch allocator only
+    where none is set (per context)."""
     import contextvars
 
     from triton.runtime import _allocation
 
     def run():
         flash_fwd.ensure_tma_allocator()
-        assert _allocation._allocator.get() is flash_fwd._tma_scratch
+        assert _allocation._allocator.get() is tma_scratch
         mine = lambda size, alignment, stream: None  # noqa: E731
         _allocation._allocator.set(mine)
         flash_fwd.ensure_tma_allocator()

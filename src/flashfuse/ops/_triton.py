@@ -50,6 +50,20 @@ def sm_count(device: torch.device) -> int:
     return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def tma_scratch(size: int, alignment: int, stream):
+    """Global scratch for device-side tensor descriptors (TMA; 128 bytes per descriptor per program)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def ensure_tma_allocator() -> None:
+    """Kernels that build tensor descriptors on the device need triton.set_allocator: set tma_scratch
+    unless the caller set an allocator (a context variable: per thread)."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(tma_scratch)
+
+
 # Host-side integer helpers. triton.cdiv and triton.next_power_of_2 are constexpr functions since triton 3.x:
 # called from Python they wrap and unwrap every argument, ~2 us a call here and ~10 us on the GPU machine's
 # CPU, several times per launch. Launch plans use these plain versions instead.

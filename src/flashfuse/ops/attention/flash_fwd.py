@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ..._env import INTERPRET
-from .._triton import cdiv, dot, next_power_of_2, sm_count
+from .._triton import cdiv, dot, ensure_tma_allocator, next_power_of_2, sm_count
 from ._flash_common import LOG2E, kernel_options, key_block_phases, score_mod, seq_bounds
 from .dropout import dropout_keep
 
@@ -457,20 +457,6 @@ def tma_compatible(*tensors) -> bool:
         if any(s * t.element_size() % 16 for s in strides[:-1]):
             return False
     return True
-
-
-def _tma_scratch(size: int, alignment: int, stream):
-    """Global scratch for device-side tensor descriptors (128 bytes per descriptor per program)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def ensure_tma_allocator():
-    """Kernels that build tensor descriptors on the device need triton.set_allocator; set ours unless the
-    caller set one (the allocator is a context variable: per thread)."""
-    from triton.runtime import _allocation
-
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_tma_scratch)
 
 
 def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softcap, alibi_slopes, attn_bias,

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ..._env import INTERPRET
-from .._triton import IN_INTERPRETER, cdiv, dot, next_power_of_2, sm_count, tanh
+from .._triton import IN_INTERPRETER, cdiv, dot, ensure_tma_allocator, next_power_of_2, sm_count, tanh
 
 ACTIVATIONS = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "relu": 4}
 # Gated names -> the activation applied to the gate half.
@@ -466,11 +466,6 @@ FLATTEN = True
 # ----------------------------------------------------------------------------------------------------
 
 
-def _scratch(size: int, alignment: int, stream):
-    """Global scratch for device-side TMA descriptors (128 bytes per descriptor per program)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
-
-
 # The SFU forms of tanh / silu (see _tanh) for 16-bit results; a knob for benchmarks/tune_matmul.py.
 FAST_MATH = True
 
@@ -505,7 +500,7 @@ def _launch(x, w, wu, bias, bias_up, out, pre, pre_up, dpre, dpre_up, *, activat
     use_tma = K > 0 and _tma_ok(x, w_tma, wu_tma)
     use_tma_out = _tma_ok(out, pre, pre_up, dpre, dpre_up)
     if use_tma or use_tma_out:
-        triton.set_allocator(_scratch)
+        ensure_tma_allocator()
     dummy = out
     args = (x, w, wu if wu is not None else w, bias if bias is not None else dummy,
             bias_up if bias_up is not None else dummy, out,
