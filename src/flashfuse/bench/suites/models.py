@@ -10,7 +10,8 @@ LLM:
 A Llama-3.2-1B-shaped model (random init from a config, nothing downloaded; bf16 weights, sdpa attention as
 HF's default) in two modes:
 
-- ``train``: one training step (zero_grad, forward with labels, backward, AdamW step), sequence 2048;
+- ``train``: one training step (zero_grad, forward with labels, backward, AdamW step: fused on CUDA, as HF's
+  Trainer defaults to), sequence 2048;
 - ``prefill``: the forward of a prompt without labels (all logits), as generation's first call.
 
 Providers: ``hf-eager`` (the baseline), ``hf-compile`` (``torch.compile(model)``), ``flashfuse``
@@ -153,7 +154,9 @@ def _llama_call(case: Case, input_ids, patch: bool, compile: bool):
         state["model"] = model
         state["forward"] = _compiled(model, compile)
         if p["mode"] == "train":
-            state["opt"] = torch.optim.AdamW(model.parameters(), lr=LR)
+            # The optimizer HF's Trainer builds by default (optim="adamw_torch_fused" with torch >= 2.8):
+            # one fused AdamW kernel per parameter group, the same for every provider.
+            state["opt"] = torch.optim.AdamW(model.parameters(), lr=LR, fused=device == "cuda")
 
     def train_step():
         if not state:
@@ -182,7 +185,7 @@ class Models(Suite):
     baseline = "hf-eager"
     metric = "ms"
     plots = ()
-    rep_ms = 2000          # a training step takes ~0.2-0.4 s: do_bench's 100 ms would time a single one
+    rep_ms = 4000          # a training step takes ~0.2-0.5 s: a median over 8+ steps (do_bench: 100 ms)
 
     def providers(self, opts):
         return [
