@@ -43,6 +43,38 @@ def test_swiglu_vs_llama(device, mlp_bias):
     compare(ours, hf, torch.randn(2, 37, HIDDEN, device=device), llama_like(hf, ours))
 
 
+@pytest.mark.parametrize("trainable", ["input", "weights", "gate_only"])
+def test_gate_up_projection_partial_grads(device, trainable):
+    """The one-pass input gradient of the gate/up projections with frozen weights, a frozen input, and
+    one projection frozen: every gradient that exists equals the two-F.linear reference, the rest stay None."""
+    torch.manual_seed(0)
+    ours = SwiGLUMLP(HIDDEN, INTER, bias=True, device=device)
+    ref = SwiGLUMLP(HIDDEN, INTER, bias=True, device=device)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 5, HIDDEN, device=device)
+    for m in (ours, ref):
+        for name, p in m.named_parameters():
+            p.requires_grad_(trainable == "weights" or (trainable == "gate_only" and name.startswith("gate_proj")))
+    x1, x2 = x.clone().requires_grad_(trainable != "weights"), x.clone().requires_grad_(trainable != "weights")
+
+    def reference(x):
+        gate = torch.nn.functional.linear(x, ref.gate_proj.weight, ref.gate_proj.bias)
+        up = torch.nn.functional.linear(x, ref.up_proj.weight, ref.up_proj.bias)
+        return ref.down_proj(torch.nn.functional.silu(gate) * up)
+
+    y1, y2 = ours(x1), reference(x2)
+    assert rel_err(y1, y2) < 1e-5
+    g = torch.randn_like(y2)
+    y1.backward(g)
+    y2.backward(g)
+    if trainable != "weights":
+        assert rel_err(x1.grad, x2.grad) < 1e-5
+    for (name, p1), p2 in zip(ours.named_parameters(), ref.parameters()):
+        assert (p1.grad is None) == (p2.grad is None), name
+        if p2.grad is not None:
+            assert rel_err(p1.grad, p2.grad) < 1e-5, name
+
+
 def test_geglu_vs_gemma(device):
     cfg = GemmaConfig(hidden_size=HIDDEN, intermediate_size=INTER, hidden_activation="gelu_pytorch_tanh",
                       num_attention_heads=1, num_key_value_heads=1, head_dim=2)

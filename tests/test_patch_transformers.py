@@ -134,6 +134,8 @@ def test_family_patched_matches_unpatched(family):
     assert list(model.state_dict()) == state_keys
     assert model.config._attn_implementation == "flashfuse"
     assert "forward" in model.__dict__
+    fused_layers = [m for m in model.modules() if "forward" in m.__dict__ and m is not model]
+    assert len(fused_layers) == (0 if family in ("gemma2", "gpt2") else LAYERS)  # the fused residual add
     if family == "gpt2":
         assert rope_before is None
     else:
@@ -157,7 +159,7 @@ def test_family_patched_matches_unpatched(family):
     assert all(p is params_before[n] for n, p in model.named_parameters())
     assert rope_function(family) is rope_before
     assert model.config._attn_implementation == "eager"
-    assert "forward" not in model.__dict__
+    assert not any("forward" in m.__dict__ for m in model.modules())
     with torch.no_grad():
         assert torch.equal(model.eval()(ids).logits, before_logits)
 

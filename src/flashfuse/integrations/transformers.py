@@ -16,7 +16,9 @@ What the patch does (flags of `patch_transformers`, all on by default):
   the per-head q_norm / k_norm) and Phi3 normalize in fp32, cast to the input dtype, then multiply by the
   weight (``casting_mode="llama"``, eps in ``variance_epsilon``); Gemma and Gemma2 multiply by
   ``1 + weight`` in fp32 and cast once at the end (``offset=1.0, casting_mode="gemma"``, eps in ``eps``);
-  GPT-2 uses torch's ``nn.LayerNorm``.
+  GPT-2 uses torch's ``nn.LayerNorm``. The decoder layers of Llama, Mistral, Qwen2, Qwen3, Gemma and Phi3
+  also get a forward (one per class, bound on the instance) in which the residual add after attention and
+  post_attention_layernorm are one kernel, forward and backward (``integrations/_decoder_layer.py``).
 - ``mlp``: the MLP modules become fused ones sharing the HF child Linear modules: gate_proj/up_proj/down_proj
   MLPs (Llama, Mistral, Qwen2/3, Gemma/Gemma2) become `flashfuse.nn.SwiGLUMLP` or `GeGLUMLP` from the
   activation instance HF built from the config (``act_fn``: SiLU -> SwiGLU, gelu_pytorch_tanh -> tanh GeGLU);
@@ -72,6 +74,7 @@ from ..nn.norm import LayerNorm, RMSNorm
 from ..ops.matmul import fused_mlp
 from ..ops.rope import apply_rotary_pos_emb as _flashfuse_apply_rotary_pos_emb
 from ._causal_lm import _make_causal_lm_forward
+from ._decoder_layer import make_fused_residual_forward
 
 __all__ = ["patch_transformers", "unpatch_transformers", "patched", "GateUpMLP", "Conv1DMLP", "SUPPORTED_FAMILIES"]
 
@@ -97,6 +100,13 @@ class _Mlp:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Decoder:
+    name: str  # decoder-layer class with the forward of _decoder_layer.py (checked by the patched-vs-HF tests)
+    attn_dropout: str | None = None  # module applied to the attention output before the residual add (Phi-3)
+    mlp_dropout: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class _Family:
     name: str
     norms: dict
@@ -104,6 +114,7 @@ class _Family:
     causal_lm: str
     rope: str | None = "apply_rotary_pos_emb"  # module-level function the attention forward calls
     logit_softcap: str | None = None  # config attribute of the final logit softcapping
+    decoder: _Decoder | None = None  # a pre-norm decoder layer whose first residual add fuses into its norm
 
     @property
     def module(self) -> str:
@@ -115,14 +126,20 @@ _GEMMA_NORM = _Norm("rms", eps_attr="eps", offset=1.0, casting_mode="gemma")
 _GATED = _Mlp("gated", act_attr="act_fn")
 
 _FAMILIES = (
-    _Family("llama", {"LlamaRMSNorm": _LLAMA_NORM}, {"LlamaMLP": _GATED}, "LlamaForCausalLM"),
-    _Family("mistral", {"MistralRMSNorm": _LLAMA_NORM}, {"MistralMLP": _GATED}, "MistralForCausalLM"),
-    _Family("qwen2", {"Qwen2RMSNorm": _LLAMA_NORM}, {"Qwen2MLP": _GATED}, "Qwen2ForCausalLM"),
-    _Family("qwen3", {"Qwen3RMSNorm": _LLAMA_NORM}, {"Qwen3MLP": _GATED}, "Qwen3ForCausalLM"),
-    _Family("gemma", {"GemmaRMSNorm": _GEMMA_NORM}, {"GemmaMLP": _GATED}, "GemmaForCausalLM"),
+    _Family("llama", {"LlamaRMSNorm": _LLAMA_NORM}, {"LlamaMLP": _GATED}, "LlamaForCausalLM",
+            decoder=_Decoder("LlamaDecoderLayer")),
+    _Family("mistral", {"MistralRMSNorm": _LLAMA_NORM}, {"MistralMLP": _GATED}, "MistralForCausalLM",
+            decoder=_Decoder("MistralDecoderLayer")),
+    _Family("qwen2", {"Qwen2RMSNorm": _LLAMA_NORM}, {"Qwen2MLP": _GATED}, "Qwen2ForCausalLM",
+            decoder=_Decoder("Qwen2DecoderLayer")),
+    _Family("qwen3", {"Qwen3RMSNorm": _LLAMA_NORM}, {"Qwen3MLP": _GATED}, "Qwen3ForCausalLM",
+            decoder=_Decoder("Qwen3DecoderLayer")),
+    _Family("gemma", {"GemmaRMSNorm": _GEMMA_NORM}, {"GemmaMLP": _GATED}, "GemmaForCausalLM",
+            decoder=_Decoder("GemmaDecoderLayer")),
     _Family("gemma2", {"Gemma2RMSNorm": _GEMMA_NORM}, {"Gemma2MLP": _GATED}, "Gemma2ForCausalLM",
-            logit_softcap="final_logit_softcapping"),
-    _Family("phi3", {"Phi3RMSNorm": _LLAMA_NORM}, {"Phi3MLP": _Mlp("gate_up", "activation_fn")}, "Phi3ForCausalLM"),
+            logit_softcap="final_logit_softcapping"),  # its attention output is normed before the add
+    _Family("phi3", {"Phi3RMSNorm": _LLAMA_NORM}, {"Phi3MLP": _Mlp("gate_up", "activation_fn")}, "Phi3ForCausalLM",
+            decoder=_Decoder("Phi3DecoderLayer", "resid_attn_dropout", "resid_mlp_dropout")),
     _Family("gpt2", {"torch.nn.LayerNorm": _Norm("layer")}, {"GPT2MLP": _Mlp("conv1d", "act")}, "GPT2LMHeadModel",
             rope=None),  # absolute position embeddings
 )
@@ -277,6 +294,7 @@ class _PatchState:
     functions: list = dataclasses.field(default_factory=list)  # keys of _FUNCTION_PATCHES this model holds
     attn_implementation: tuple | None = None  # (the implementation to restore,) when attention was patched
     forward: tuple | None = None  # (had an instance-level forward, that forward)
+    decoders: list = dataclasses.field(default_factory=list)  # decoder layers given the fused-residual forward
 
     def __post_init__(self):
         # A patched model dropped without unpatch_transformers must not leave the family's function rebound
@@ -357,6 +375,24 @@ def _restore_module(parent: nn.Module, name: str, old: nn.Module, new: nn.Module
     setattr(parent, name, old)
 
 
+def _patch_decoders(model: nn.Module, families: list[_Family], state: _PatchState) -> None:
+    """Layers of a table decoder class whose post_attention_layernorm is now flashfuse's get the forward of
+    _decoder_layer.py (one per class, bound per layer); a layer with its own instance forward is left alone."""
+    forwards = {}
+    for family in families:
+        if family.decoder is not None:
+            cls = getattr(importlib.import_module(family.module), family.decoder.name, None)
+            if cls is not None:
+                d = family.decoder
+                forwards[cls] = make_fused_residual_forward(cls.forward, d.attn_dropout, d.mlp_dropout)
+    for layer in model.modules():
+        forward = forwards.get(type(layer))
+        if (forward is not None and "forward" not in layer.__dict__
+                and isinstance(getattr(layer, "post_attention_layernorm", None), (RMSNorm, LayerNorm))):
+            layer.forward = types.MethodType(forward, layer)
+            state.decoders.append(layer)
+
+
 def _patch_functions(families: list[_Family], state: _PatchState) -> None:
     for family in families:
         if family.rope is None:
@@ -407,6 +443,8 @@ def _patch_forward(model: nn.Module, families: list[_Family], state: _PatchState
 
 
 def _restore(model: nn.Module, state: _PatchState) -> None:
+    for layer in state.decoders:
+        layer.__dict__.pop("forward", None)
     if state.forward is not None:
         had_forward, forward = state.forward
         if had_forward:
@@ -465,6 +503,8 @@ def patch_transformers(
     try:
         if norms or mlp:
             _swap_modules(model, families, norms, mlp, state)
+        if norms:
+            _patch_decoders(model, families, state)
         if rope:
             _patch_functions(families, state)
         if attention:
