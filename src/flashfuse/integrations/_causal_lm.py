@@ -52,11 +52,6 @@ def _make_causal_lm_forward(original, softcap_attr, loss_mapping):
         return_dict = arguments.pop("return_dict", None)  # as transformers' @can_return_tuple
         if return_dict is None:
             return_dict = getattr(self.config, "return_dict", True)
-        if arguments.get("use_cache") is None and arguments.get("past_key_values") is None:
-            # A training step with labels reads no KV cache, but HF builds one unless told not to (config
-            # use_cache=True): a copy of every layer's K and V from their transposed views, 4 ms of a 480 ms
-            # Llama-3.2-1B step at B16 (H200). Not built here unless use_cache=True is passed.
-            arguments["use_cache"] = False
         # Everything else goes to the base model, as HF's forward passes its **kwargs on.
         outputs = getattr(self, self.base_model_prefix)(**arguments)
         hidden = _slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)

@@ -44,8 +44,7 @@ What the patch does (flags of `patch_transformers`, all on by default):
   states with ``logits_to_keep`` and computes `flashfuse.fused_linear_cross_entropy(hidden, lm_head.weight,
   shifted labels)` with HF's shift (labels padded with ``ignore_index`` on the right, or ``shift_labels``),
   ``ignore_index``, ``num_items_in_batch`` (sum / count) and Gemma2's ``final_logit_softcapping``. The
-  (tokens, vocab) logits are never materialized, so the output has ``logits=None`` (as Liger does), and no
-  KV cache is built unless ``use_cache=True`` (or a cache) is passed: ``past_key_values`` is None. Without
+  (tokens, vocab) logits are never materialized, so the output has ``logits=None`` (as Liger does). Without
   labels, in eval mode, with a custom ``loss_function`` or an lm_head that is not a plain Linear, the original
   HF forward runs unchanged.
 

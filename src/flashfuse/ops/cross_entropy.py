@@ -45,12 +45,8 @@ MAX_BLOCK_V = 4096
 # the size of hidden: chunk = next_pow2(ceil(N / ceil(V / H))). Each chunk reads weight twice and
 # reads + writes the (V, H) grad_weight accumulator once, so a chunk of M rows does 2 M flops per byte
 # of that accumulator traffic: the GEMMs stay compute-bound only for M >= ~512 (H100: ~990 TFLOP/s over
-# 3.35 TB/s is ~300 flop/byte), and larger chunks also give cuBLAS fuller waves. So the chunk is raised
-# to the largest power of 2 whose logits fit in CHUNK_LOGITS_BYTES, and to at least MIN_CHUNK rows (when
-# N has them). H200, Llama-3.2-1B's head (N = 32768, H = 2048, V = 128256, bf16, session 6), fwd + bwd:
-# 1024 rows 97.6 ms, 2048 91.4, 4096 88.3, 8192 88.7; extra peak 1.9 / 2.0 / 3.0 / 4.9 GiB. At V = 128256
-# the rule gives 4096 rows: 1.05 GB of bf16 logits, 8% of the 12.6 GB that the fp32 logits path needs.
-CHUNK_LOGITS_BYTES = 1 << 30
+# 3.35 TB/s is ~300 flop/byte). So the chunk is raised to MIN_CHUNK rows (when N has them): at V = 128256
+# that is 1024 x 128256 bf16 logits = 263 MB, 2% of the 12.6 GB that the fp32 logits path needs.
 MIN_CHUNK = 1024
 
 
@@ -180,12 +176,10 @@ def cross_entropy_rows(logits: Tensor, labels: Tensor, *, ignore_index: int, lab
         COMPUTE_LOSS=loss is not None, COMPUTE_GRAD=grad is not None, BLOCK_V=block_v, num_warps=num_warps)
 
 
-def default_chunk_size(n_rows: int, hidden_size: int, vocab_size: int, element_size: int = 2) -> int:
-    """Rows per chunk: the most of Liger's rule (logits chunk ~ hidden), the largest power of 2 whose logits
-    (element_size bytes each) fit in CHUNK_LOGITS_BYTES, and MIN_CHUNK; never above n_rows (see there)."""
+def default_chunk_size(n_rows: int, hidden_size: int, vocab_size: int) -> int:
+    """Rows per chunk: logits chunk about the size of hidden (Liger), at least MIN_CHUNK rows (see there)."""
     liger = next_power_of_2(cdiv(n_rows, cdiv(vocab_size, hidden_size)))
-    by_bytes = 1 << max(0, (CHUNK_LOGITS_BYTES // max(1, vocab_size * element_size)).bit_length() - 1)
-    return max(1, min(max(liger, by_bytes, MIN_CHUNK), n_rows))
+    return max(1, min(max(liger, MIN_CHUNK), n_rows))
 
 
 def fused_linear_cross_entropy_forward(
@@ -219,7 +213,7 @@ def fused_linear_cross_entropy_forward(
     # power of 2 (bf16: 4.3e-3 .. 5.6e-3 relative error vs HF's 2.9e-3, measured in the GPU tier).
     d_weight = weight.new_empty(weight.shape) if grad_weight else None
     d_bias = torch.zeros(vocab, dtype=torch.float32, device=hidden.device) if grad_bias else None
-    chunk = chunk_size if chunk_size > 0 else default_chunk_size(n_rows, hidden_size, vocab, hidden.element_size())
+    chunk = chunk_size if chunk_size > 0 else default_chunk_size(n_rows, hidden_size, vocab)
     options = dict(ignore_index=ignore_index, label_smoothing=label_smoothing, softcap=softcap)
     for i, start in enumerate(range(0, n_rows, chunk)):
         end = min(start + chunk, n_rows)
