@@ -165,9 +165,14 @@ def test_fused_linear_none_sum_matches_sum(device):
 
 
 def test_default_chunk_size():
-    """Liger's rule (logits chunk ~ hidden), raised to MIN_CHUNK rows, never above N."""
-    assert ce.default_chunk_size(8192, 4096, 128256) == 1024                 # Liger's rule gives 256
-    assert ce.default_chunk_size(65536, 4096, 128256) == 2048                # Liger's rule
+    """The most of Liger's rule (logits chunk ~ hidden), MIN_CHUNK, and 1 GiB of logits or N / 4 rows;
+    never above N."""
+    assert ce.default_chunk_size(8192, 4096, 128256) == 2048                 # N / 4; Liger's rule gives 256
+    assert ce.default_chunk_size(32768, 2048, 128256) == 4096                # 1 GiB of bf16 logits
+    assert ce.default_chunk_size(32768, 2048, 128256, 4) == 2048             # fp32 logits: half the rows
+    assert ce.default_chunk_size(65536, 4096, 256000) == 2048                # 1 GiB; Liger's rule gives 1024
+    assert ce.default_chunk_size(1 << 17, 8192, 32000) == 32768              # Liger's rule
+    assert ce.default_chunk_size(3000, 1024, 2_000_000) == 1024              # MIN_CHUNK
     assert ce.default_chunk_size(37, 24, 131) == 37
     assert ce.default_chunk_size(1, 5, 7) == 1
 

@@ -161,6 +161,27 @@ def test_mask_function_skips_dense_masks():
     assert torch.equal(sliding, keep & (j <= i) & (j > i - 5))
 
 
+def test_mask_function_compiles_with_a_composed_mask_function():
+    """torch.compile(fullgraph=True) over flashfuse_mask with a mask function built inside the graph (HF's
+    packed-sequence / padding compositions): no truthiness test on the function, the dense mask as eager's."""
+    from transformers.masking_utils import and_masks, causal_mask_function
+    config = LlamaConfig()
+
+    def build(x):
+        def first_five_keys(batch_idx, head_idx, q_idx, kv_idx):
+            return kv_idx < 5
+        mask = flashfuse_mask(batch_size=2, q_length=7, kv_length=7, mask_function=and_masks(
+            causal_mask_function, first_five_keys), allow_is_causal_skip=False, config=config,
+            device=x.device)
+        return mask, x + 1
+
+    eager, _ = build(torch.zeros(1))
+    compiled, _ = torch.compile(build, backend="eager", fullgraph=True)(torch.zeros(1))
+    i, j = torch.arange(7)[:, None], torch.arange(7)[None, :]
+    assert torch.equal(eager, ((j <= i) & (j < 5)).expand(2, 1, 7, 7))
+    assert torch.equal(compiled, eager)
+
+
 def test_mask_function_static_cache_and_chunks():
     """Queries not aligned with the last keys (a static cache's kv_length) and chunked patterns need the
     dense mask; unknown windows too."""

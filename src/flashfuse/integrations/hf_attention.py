@@ -100,7 +100,8 @@ def flashfuse_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
         return None
     kwargs.pop("dtype", None)                   # eager's mask dtype; sdpa's mask is boolean
     return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
-                     kv_offset=kv_offset, mask_function=mask_function or causal_mask_function,
+                     kv_offset=kv_offset,
+                     mask_function=causal_mask_function if mask_function is None else mask_function,
                      attention_mask=attention_mask, local_size=local_size, allow_is_causal_skip=False,
                      allow_is_bidirectional_skip=False, **kwargs)
 
