@@ -4,7 +4,7 @@ it is in flight.
 
     rank r:  send -> (r + 1) % world,  recv <- (r - 1) % world          (ranks of ``group``)
 
-Both directions are posted together with ``torch.distributed.batch_isend_irecv`` (one NCCL group call;
+Both directions (of one or more tensors) are posted together with ``torch.distributed.batch_isend_irecv`` (one NCCL group call;
 on gloo, plain isend / irecv). Every rank posts its exchanges in the same order, so messages between a
 pair of ranks match first-in first-out even when two exchanges (K/V forward, dK/dV backward) are in
 flight at once.
@@ -31,24 +31,25 @@ class RingComm:
             self.next_global = dist.get_global_rank(group, next_rank)
             self.prev_global = dist.get_global_rank(group, prev_rank)
 
-    def exchange(self, send: torch.Tensor) -> "PendingRecv":
-        """Post send -> next rank and a receive of a tensor like ``send`` <- previous rank; returns at once.
-        ``send`` must stay unmodified until the returned handle's wait() (it is read asynchronously)."""
-        recv = torch.empty_like(send)
-        ops = [dist.P2POp(dist.isend, send, self.next_global, self.group),
-               dist.P2POp(dist.irecv, recv, self.prev_global, self.group)]
-        return PendingRecv(dist.batch_isend_irecv(ops), send, recv)
+    def exchange(self, sends: tuple) -> "PendingRecv":
+        """Post, for each tensor of ``sends``, a send -> next rank and a receive of a tensor like it <- previous
+        rank; returns at once. The tensors must be contiguous and stay unmodified until the returned
+        handle's wait() (they are read asynchronously)."""
+        recvs = tuple(torch.empty_like(t) for t in sends)
+        ops = [dist.P2POp(dist.isend, t, self.next_global, self.group) for t in sends]
+        ops += [dist.P2POp(dist.irecv, t, self.prev_global, self.group) for t in recvs]
+        return PendingRecv(dist.batch_isend_irecv(ops), sends, recvs)
 
 
 class PendingRecv:
     """An exchange in flight: wait() blocks (on NCCL: makes the current stream wait) and returns the
-    received tensor. The send buffer is held until then so it is not freed while being read."""
+    received tensors. The send buffers are held until then so they are not freed while being read."""
 
-    def __init__(self, works, send, recv):
-        self._works, self._send, self._recv = works, send, recv
+    def __init__(self, works, sends, recvs):
+        self._works, self._sends, self._recvs = works, sends, recvs
 
-    def wait(self) -> torch.Tensor:
+    def wait(self) -> tuple:
         for work in self._works:
             work.wait()
-        recv, self._works, self._send, self._recv = self._recv, None, None, None
-        return recv
+        recvs, self._works, self._sends, self._recvs = self._recvs, None, None, None
+        return recvs
