@@ -116,6 +116,22 @@ def test_ring_matches_float64_reference(ring_results):
         assert err <= TOL, f"{key} rel err {err:.3g} vs float64"
 
 
+def test_world_size_one(tmp_path):
+    """A ring of one rank (this process): no exchange at all, the plain kernels on the whole sequence."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+    try:
+        q, k, v, dout = (torch.randn(1, 10, 2, 16) for _ in range(4))
+        got = dict(zip(("q", "k", "v"), (t.clone().requires_grad_() for t in (q, k, v))))
+        out, lse, _ = ring_flash_attn_func(*got.values(), causal=True, window_size=(3, -1), return_attn_probs=True)
+        out.backward(dout)
+        ref = _flash_reference(dict(q=q, k=k, v=v, dout=dout, opts=dict(causal=True, window_size=(3, -1))))
+        for key, value in (("out", out), ("lse", lse), ("dq", got["q"].grad), ("dk", got["k"].grad),
+                           ("dv", got["v"].grad)):
+            assert rel_err(value, ref[key]) <= TOL, key
+    finally:
+        dist.destroy_process_group()
+
+
 # ----------------------------------------------------------------------------------------------------
 # Planning and sharding (no processes)
 # ----------------------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ it is in flight.
 
     rank r:  send -> (r + 1) % world,  recv <- (r - 1) % world          (ranks of ``group``)
 
-Both directions (of one or more tensors) are posted together with ``torch.distributed.batch_isend_irecv`` (one NCCL group call;
-on gloo, plain isend / irecv). Every rank posts its exchanges in the same order, so messages between a
+Both directions, of one or more tensors, are posted together with ``torch.distributed.batch_isend_irecv``
+(one NCCL group call; on gloo, plain isend / irecv). Every rank posts its exchanges in the same order, so messages between a
 pair of ranks match first-in first-out even when two exchanges (K/V forward, dK/dV backward) are in
 flight at once.
 """
