@@ -96,7 +96,9 @@ def train(model, params, ids, labels, world=1):
             loss = model(ids, labels=labels).loss  # HF's own mean over the target tokens
             loss.backward()
         else:
-            loss = model(ids, labels=labels, num_items_in_batch=num_items_in_batch(labels)).loss
+            out = model(ids, labels=labels, num_items_in_batch=num_items_in_batch(labels))
+            assert out.logits is None  # the fused linear cross entropy ran (a fallback would give logits)
+            loss = out.loss
             (loss * world).backward()
             loss = loss.detach().clone()
             dist.all_reduce(loss)

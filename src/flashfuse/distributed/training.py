@@ -26,9 +26,13 @@ Order (found by running both, kept by the tests):
   unsharded plain tensors in forward and backward: no op needs to know about DTensor.
 - DDP: either order works. DDP keeps references to the Parameter objects, which patching does not replace, and
   its gradient hooks sit on those parameters; patch ``ddp.module`` (the wrapper has no ``config``).
-- The fused linear cross entropy reads ``lm_head.weight`` in the causal LM's own forward without calling the
-  lm_head module, so under FSDP2 the lm_head must stay in the root's unit (as ``fully_shard_transformer`` does):
-  an lm_head sharded as its own unit would never be unsharded, its forward hook never running.
+- FSDP2 granularity: shard per decoder layer or coarser, never a Linear on its own. The fused MLPs and the
+  fused linear cross entropy read the weights of HF's Linear children (gate/up/down_proj, lm_head) without
+  calling them, so the forward hook of a Linear sharded as its own unit never runs: an MLP projection stays a
+  DTensor shard and the MLP fails ("aten.mm.default got mixed torch.Tensor and DTensor"); an lm_head sharded
+  alone becomes an FSDPLinear, no longer a plain Linear, so the patched forward falls back to HF's loss (correct,
+  but the (tokens, vocab) logits are materialized again). ``fully_shard_transformer`` keeps the lm_head in the
+  root's unit.
 
 Loss normalization: HF's causal-LM loss is the mean over a rank's non-ignored target tokens. Both wrappers
 average gradients over ranks, which equals single-process training on the global batch only when every rank
