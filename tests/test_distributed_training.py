@@ -73,7 +73,7 @@ def global_batch():
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, CONFIG["vocab_size"], (BATCH, SEQ), generator=g)
     labels = ids.clone()
-    labels[0, :4] = -100  # a masked prompt in rank 0's half only: the ranks hold 13 and 16 target tokens
+    labels[0, :4] = -100  # a masked prompt in rank 0's half only: the ranks hold 12 and 16 target tokens
     labels[1, 6] = -100
     return ids, labels
 
