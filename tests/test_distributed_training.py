@@ -12,8 +12,8 @@ after the last step. Cases:
 - ``ddp-wrapped-first``: DistributedDataParallel, then patch ``ddp.module`` (DDP keeps the Parameter objects);
 - ``fsdp2``: patch, then ``fully_shard_transformer`` (fully_shard per decoder layer, then the root); a forward
   pre-hook records that the flashfuse norms get plain tensors, not DTensors, from FSDP;
-- ``fsdp2-sharded-first``: fully_shard, then patch: the swapped norms keep the sharded DTensor and the first
-  forward fails (pinned, with the reason, in training.py's docstring).
+- ``fsdp2-sharded-first``: fully_shard, then patch: refused with a ValueError (the swapped norms would keep the
+  sharded DTensor; the reason is in training.py's docstring).
 
 Children write their results with torch.save and re-raise any exception, which mp.spawn turns into an exception
 in the parent; the assertions all run in the parent.
@@ -133,10 +133,9 @@ def _run_case(case, rank, ids, labels):
         for layer in model.model.layers:
             fully_shard(layer)
         fully_shard(model)
-        patch(model)
         try:
-            model(ids, labels=labels)
-        except RuntimeError as e:
+            patch(model)
+        except ValueError as e:
             return {"error": str(e)}
         return {"error": None}
     half = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
@@ -210,7 +209,8 @@ def test_fsdp2_gives_flashfuse_plain_tensors(runs):
 def test_fsdp2_patch_after_shard_fails(runs):
     ranks = runs[0]
     for results in ranks:
-        assert "mixed torch.Tensor and DTensor" in results["fsdp2-sharded-first"]["error"]
+        assert "already sharded" in results["fsdp2-sharded-first"]["error"]
+        assert "patch_transformers before fully_shard" in results["fsdp2-sharded-first"]["error"]
 
 
 def test_num_items_in_batch_counts_shifted_targets():

@@ -101,6 +101,25 @@ def test_backward_paths_agree(device, monkeypatch, causal):
             assert err < 1e-5, f"{name}: atomic path {config} rel err {err:.2e} vs deterministic"
 
 
+def test_backward_takes_a_strided_lse_view(device):
+    """lse as a slice of a longer sequence's lse (ring attention's query pieces): the same gradients as a
+    dense copy (the delta buffer is dense, so the launcher densifies lse; writing delta with the view's
+    strides once ran past its end)."""
+    q, k, v = (torch.randn(2, s, h, 24, device=device) for s, h in ((37, 4), (41, 2), (41, 2)))
+    dout = torch.randn_like(q)
+    out, lse = flash_fwd.flash_attn_forward(q, k, v, softmax_scale=0.2, window_right=0)
+    wide = torch.full((2, 4, 37 + 50), float("nan"), device=device)
+    wide[:, :, 20:57] = lse
+    view = wide[:, :, 20:57]
+    assert not view.is_contiguous()
+    dense = flash_bwd.flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=0.2, window_right=0)
+    strided = flash_bwd.flash_attn_backward(dout, q, k, v, out, view, softmax_scale=0.2, window_right=0)
+    for name, a, b in zip(("dq", "dk", "dv"), strided, dense):
+        assert_finite(name, a)
+        assert torch.equal(a, b), name
+    assert torch.isnan(wide[:, :, :20]).all() and torch.isnan(wide[:, :, 57:]).all()
+
+
 def test_backward_config_tables(monkeypatch):
     """Compiled-GPU tables: every head-dim block and dtype has tiles; the atomic path's key tile is a
     multiple of its query tile's rotation step and (16-bit, D <= 128) holds 128 keys (atomic traffic)."""

@@ -1,5 +1,8 @@
-"""Multi-GPU attention: ring (context-parallel) FlashAttention over a sequence sharded across ranks."""
+"""flashfuse across GPUs: ring (context-parallel) FlashAttention over a sequence sharded across ranks, and
+helpers to train patched models under DDP / FSDP2 (see docs/distributed.md)."""
 
 from .ring_attention import ring_flash_attn_func, zigzag_shard, zigzag_unshard
+from .training import NVLS_OFF_ENV, disable_nvlink_multicast, fully_shard_transformer, num_items_in_batch
 
-__all__ = ["ring_flash_attn_func", "zigzag_shard", "zigzag_unshard"]
+__all__ = ["ring_flash_attn_func", "zigzag_shard", "zigzag_unshard", "NVLS_OFF_ENV", "disable_nvlink_multicast",
+           "fully_shard_transformer", "num_items_in_batch"]

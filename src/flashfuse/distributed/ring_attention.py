@@ -217,11 +217,9 @@ def ring_attn_backward(dout, q, k, v, out, lse, comm: RingComm, plans, *, softma
         dk_acc = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv_acc = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         for q0, q1, k0, k1, wl, wr in launches:
-            # lse slice made contiguous: flash_attn_backward writes its delta buffer (empty_like(lse)) with
-            # lse's strides, which only agree for a dense lse.
             dq, dk, dv = flash_attn_backward(
                 dout[:, q0:q1], q[:, q0:q1], k_blk[:, k0:k1], v_blk[:, k0:k1], out[:, q0:q1],
-                lse[:, :, q0:q1].contiguous(), softmax_scale=softmax_scale, window_left=wl, window_right=wr,
+                lse[:, :, q0:q1], softmax_scale=softmax_scale, window_left=wl, window_right=wr,
                 bottom_right=False, softcap=softcap, deterministic=deterministic)
             dq_acc[:, q0:q1] += dq
             dk_acc[:, k0:k1] += dk

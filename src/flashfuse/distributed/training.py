@@ -20,7 +20,8 @@ Order (found by running both, kept by the tests):
   sharded DTensor and remembers the module that owns it; before every forward it all-gathers the parameter and
   sets the plain, unsharded tensor on THAT module. patch_transformers swaps the norm modules for new flashfuse
   modules holding the same Parameter objects, so after fully_shard the new modules are not the ones FSDP
-  updates: they keep the sharded DTensor and the first norm fails with "got mixed torch.Tensor and DTensor".
+  updates: they would keep the sharded DTensor (the first norm failed with "got mixed torch.Tensor and
+  DTensor"), so patch_transformers / unpatch_transformers refuse a sharded model with a ValueError.
   (The MLPs would survive, as the fused MLP keeps HF's own Linear children, but the norms do not.) For the same
   reason ``unpatch_transformers`` must not run on a sharded model. Patched first, every flashfuse op sees the
   unsharded plain tensors in forward and backward: no op needs to know about DTensor.

@@ -490,6 +490,7 @@ def patch_transformers(
             f"patch_transformers: model must be a transformers PreTrainedModel (an nn.Module with a config), "
             f"got {type(model).__name__}"
         )
+    _check_not_sharded(model, "patch_transformers")
     if _STATE in model.__dict__:
         unpatch_transformers(model)
     families = _families_of(model)
@@ -521,10 +522,25 @@ def patch_transformers(
 def unpatch_transformers(model: nn.Module) -> nn.Module:
     """Undo `patch_transformers`: the original module objects (holding the current Parameters), functions,
     attention implementation and forward come back. A model that is not patched is returned unchanged."""
+    if _STATE in model.__dict__:
+        _check_not_sharded(model, "unpatch_transformers")
     state = model.__dict__.pop(_STATE, None)
     if state is not None:
         _restore(model, state)
     return model
+
+
+def _check_not_sharded(model: nn.Module, caller: str) -> None:
+    """FSDP2 (fully_shard) re-points the modules it knows at their gathered weights before each forward; modules
+    swapped in after sharding would keep the DTensor shards (docs/distributed.md): patch first, then shard."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch build without distributed
+        return
+    sharded = next((name for name, p in model.named_parameters() if isinstance(p, DTensor)), None)
+    if sharded is not None:
+        raise ValueError(f"{caller}: the model is already sharded (parameter {sharded!r} is a DTensor); call "
+                         "patch_transformers before fully_shard, and unpatch only an unsharded model")
 
 
 @contextlib.contextmanager

@@ -460,6 +460,9 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     Returns (dq, dk, dv), contiguous, shaped like q, k, v."""
     is_varlen = cu_seqlens_q is not None
     use_atomic = (ATOMIC_DQ if atomic_dq is None else atomic_dq) and not deterministic
+    # delta is allocated dense and indexed with lse's strides: a strided lse view (a slice of a longer
+    # sequence's lse, as ring attention takes) is copied once so both layouts agree.
+    lse = lse.contiguous()
     head_dim = q.shape[-1]
     nheads_q, nheads_k = q.shape[-2], k.shape[-2]
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
