@@ -24,7 +24,6 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -33,7 +32,7 @@ from flashfuse.nn import RMSNorm
 
 from flashfuse.distributed.training import (NVLS_OFF_ENV, disable_nvlink_multicast, fully_shard_transformer,
                                             num_items_in_batch)
-from testing import rel_err  # noqa: E402
+from testing import rel_err, spawn_nvls_off  # noqa: E402
 
 WORLD = 2
 STEPS = 3
@@ -158,16 +157,7 @@ def _worker(rank, init_file, out_dir):
 def runs(tmp_path_factory):
     """The distributed runs (both ranks' results) and the single-process reference."""
     tmp = tmp_path_factory.mktemp("dist")
-    saved = {k: os.environ.get(k) for k in NVLS_OFF_ENV}
-    disable_nvlink_multicast()  # the children inherit it (and keep NVLink multicast off on a GPU host)
-    try:
-        mp.spawn(_worker, args=(str(tmp / "init"), str(tmp)), nprocs=WORLD, join=True)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                del os.environ[k]
-            else:
-                os.environ[k] = v
+    spawn_nvls_off(_worker, (str(tmp / "init"), str(tmp)), WORLD)
     ranks = [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
     model, patch = build_model()
     init = {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -22,13 +22,11 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from flashfuse.bench.suites.models import LLAMA_1B, _build
-from flashfuse.distributed.training import (NVLS_OFF_ENV, disable_nvlink_multicast, fully_shard_transformer,
-                                            num_items_in_batch)
-from testing import rel_err  # noqa: E402
+from flashfuse.distributed.training import NVLS_OFF_ENV, fully_shard_transformer, num_items_in_batch
+from testing import rel_err, spawn_nvls_off  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -142,16 +140,7 @@ def _worker(rank, init_file, out_dir):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dist_gpu")
-    saved = {k: os.environ.get(k) for k in NVLS_OFF_ENV}
-    disable_nvlink_multicast()
-    try:
-        mp.spawn(_worker, args=(str(tmp / "init"), str(tmp)), nprocs=WORLD, join=True)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                del os.environ[k]
-            else:
-                os.environ[k] = v
+    spawn_nvls_off(_worker, (str(tmp / "init"), str(tmp)), WORLD)
     out = []
     for r in range(WORLD):
         with open(tmp / f"rank{r}.json") as f:

@@ -11,15 +11,14 @@ NVLink multicast off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NV
 """
 
 import datetime
-import os
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from flashfuse import flash_attn_func
-from flashfuse.distributed import ring_flash_attn_func, zigzag_shard, zigzag_unshard
+from flashfuse.distributed import disable_nvlink_multicast, ring_flash_attn_func, zigzag_shard, zigzag_unshard
+from testing import spawn_nvls_off  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -28,7 +27,6 @@ pytestmark = [
 ]
 
 WORLD = 2
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 # name: (batch, global seqlen, nheads_q, nheads_k, headdim, dtype, options)
 CASES = {
@@ -50,7 +48,7 @@ def _unshard(shards, layout, dim=1):
 
 
 def _worker(rank, tmp):
-    os.environ.update(NO_MULTICAST)
+    disable_nvlink_multicast()
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(minutes=5))    # a hang fails instead of blocking
@@ -87,8 +85,7 @@ def ring_results(tmp_path_factory):
         inputs[name] = {n: torch.randn(s, generator=gen).to(dtype) for n, s in shapes.items()}
         inputs[name]["opts"] = opts
     torch.save(inputs, tmp / "inputs.pt")
-    os.environ.update(NO_MULTICAST)                    # inherited by the spawned processes as well
-    mp.spawn(_worker, args=(str(tmp),), nprocs=WORLD, join=True)
+    spawn_nvls_off(_worker, (str(tmp),), WORLD)
     shards = [torch.load(tmp / f"rank{r}.pt") for r in range(WORLD)]
     gathered = {}
     for name, case in inputs.items():
