@@ -363,6 +363,7 @@ def test_attention_check_rejects_wrong_attention(mistake):
 
 
 def test_registry():
-    assert list(SUITES) == ["vector-add", "attention", "decode", "llm", "diffusion", "models"]
+    assert list(SUITES) == ["vector-add", "attention", "decode", "llm", "diffusion", "models",
+                           "distributed"]
     with pytest.raises(KeyError, match="available: vector-add, attention, decode, llm, diffusion, models"):
         get_suite("nope")

@@ -148,7 +148,8 @@ class Suite:
     """Base class of a suite; override ``cases``, ``providers``, ``make_inputs`` and ``reference``."""
     name = ""
     description = ""
-    baseline: str | None = None          # provider that speedups are measured against
+    baseline: str | tuple[str, ...] | None = None   # provider speedups are measured against; a tuple: the
+                                                     # first of them with a row in the case (one per group)
     metric = "tflops"                    # the table's main number: "tflops", "gbps" or "ms"
     plots: tuple = ()                    # plots.Plot entries, one PNG each
     rep_ms = 100                         # do_bench's time budget; calls of ~100 ms need more for a median
@@ -167,6 +168,12 @@ class Suite:
 
     def ref_dtype(self, case: Case, device: str) -> torch.dtype:
         return torch.float32 if device.startswith("cuda") else torch.float64
+
+    def run_rows(self, runner: "Runner", progress) -> list["Row"] | None:
+        """Hook for a suite that cannot run its (case, provider) pairs in this process (``distributed`` spawns
+        one process per rank): return every selected row (``runner.select(self)``), with ``progress.update(1)``
+        per row, and the Runner fills speedups and returns them. None (the default): the Runner runs the pairs."""
+        return None
 
     def check_case(self, case: Case) -> Case:
         """The case on which correctness is checked (override to check large cases on a reduced copy)."""
@@ -399,6 +406,16 @@ class Runner:
 
     def run(self, suite: Suite, progress=None, on_case=None) -> list[Row]:
         """Rows of every (case, provider); ``on_case(rows_so_far)`` after each case (partial saves)."""
+        rows = suite.run_rows(self, progress)
+        if rows is not None:               # the suite ran its rows itself (Suite.run_rows)
+            by_case: dict = {}
+            for row in rows:
+                by_case.setdefault(row.case, []).append(row)
+            for case_rows in by_case.values():
+                self._relative(suite, case_rows)
+            if on_case is not None:
+                on_case(rows)
+            return rows
         cases, providers = self.select(suite)
         rows = []
         for case in cases:
@@ -575,7 +592,9 @@ class Runner:
     def _relative(suite: Suite, rows: list[Row]) -> None:
         """Speedup over the suite's baseline and, for flashfuse rows, over the best peer of the case."""
         timed = {r.provider: r.ms for r in rows if r.status == "OK"}
-        base = timed.get(suite.baseline)
+        names = (suite.baseline,) if isinstance(suite.baseline, str) else tuple(suite.baseline or ())
+        name = next((n for n in names if any(r.provider == n for r in rows)), None)
+        base = timed.get(name)
         peers = [r.ms for r in rows if r.status == "OK" and r.kind == "peer"]
         for r in rows:
             if r.status != "OK":

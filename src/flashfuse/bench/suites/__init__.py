@@ -9,11 +9,13 @@ from ..harness import Suite
 from .attention import Attention
 from .decode import Decode
 from .diffusion import Diffusion
+from .distributed import Distributed
 from .llm import LLM
 from .models import Models
 from .vector_add import VectorAdd
 
-SUITES: dict[str, type[Suite]] = {cls.name: cls for cls in (VectorAdd, Attention, Decode, LLM, Diffusion, Models)}
+SUITES: dict[str, type[Suite]] = {
+    cls.name: cls for cls in (VectorAdd, Attention, Decode, LLM, Diffusion, Models, Distributed)}
 
 
 def get_suite(name: str) -> Suite:
