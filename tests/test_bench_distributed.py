@@ -13,7 +13,6 @@ import torch.distributed as dist
 
 from flashfuse.bench import harness
 from flashfuse.bench.harness import Case, Options, Runner, attention_flops
-from flashfuse.bench.suites import distributed as dmod
 from flashfuse.bench.suites import _distributed_workers as workers
 from flashfuse.bench.suites.distributed import Distributed, provider_world
 from flashfuse.bench.suites.models import SIZES, _flops
@@ -171,14 +170,13 @@ class _WithBadCase(Distributed):
 
 @pytest.fixture(scope="module")
 def cpu_rows():
-    """Every CPU case on every provider: one spawn of world 1, one of world 2."""
-    start = time.perf_counter()
-    rows = Runner(CPU, CEILINGS).run(_WithBadCase())
-    return {(r.case, r.provider): r for r in rows}, time.perf_counter() - start
+    """Every CPU case on every provider: one spawn of world 1, one of world 2 (in the world-2 workers the bad case
+    comes after the other ring tasks and before the training tasks, which must still run)."""
+    return {(r.case, r.provider): r for r in Runner(CPU, CEILINGS).run(_WithBadCase())}
 
 
 def test_cpu_run_ring_rows(cpu_rows):
-    rows, _ = cpu_rows
+    rows = cpu_rows
     for mode in ("fwd", "fwd+bwd"):
         base = rows[(f"ring causal S24 fp32 {mode}", "flash-1gpu")]
         assert base.status == "OK" and base.ms > 0 and base.speedup == 1.0 and base.rel_error is None
@@ -192,7 +190,7 @@ def test_cpu_run_ring_rows(cpu_rows):
 
 
 def test_cpu_run_training_rows(cpu_rows):
-    rows, _ = cpu_rows
+    rows = cpu_rows
     for case, provs in (("llama-tiny train B2xGPU S16", ("1gpu", "ddp-x2", "fsdp2-x2")),
                         ("llama-tiny long-context train S32", ("1gpu", "cp-fsdp2-x2"))):
         losses = {}
@@ -206,22 +204,23 @@ def test_cpu_run_training_rows(cpu_rows):
         assert all(abs(v - math.log(256)) < 0.5 for v in losses.values()), losses
 
 
-def test_cpu_run_error_row_and_no_hang(cpu_rows):
-    rows, seconds = cpu_rows
+def test_cpu_run_error_row_and_the_run_goes_on(cpu_rows):
+    rows = cpu_rows
     r = rows[("ring causal S26 fp32 fwd", "ring-zigzag-x2")]
     assert r.status == "ERROR" and r.ms is None
     assert "ValueError" in r.message and "multiple of 2 * world_size = 4" in r.message
-    assert seconds < 150
+    later = [r for (case, prov), r in rows.items() if prov in ("ddp-x2", "fsdp2-x2", "cp-fsdp2-x2")]
+    assert len(later) == 3 and all(r.status == "OK" for r in later)
 
 
 def _raising_worker(rank, world, tmp, tasks, cuda):
     if rank == 1:
         raise RuntimeError("rank 1 fell over")
-    time.sleep(60)            # rank 0 would run on: the spawn must stop it
+    time.sleep(600)           # rank 0 would run on: the spawn must stop it
 
 
 def _sleeping_worker(rank, world, tmp, tasks, cuda):
-    time.sleep(120)
+    time.sleep(600)
 
 
 @pytest.mark.parametrize("worker, timeout_s, failure", [
@@ -236,7 +235,7 @@ def test_dead_or_hung_workers_give_error_rows(worker, timeout_s, failure):
     row, task = suite._prepare(case, prov, 2, opts, 0)
     start = time.perf_counter()
     results, got = Distributed.spawn(2, [task], False, worker=worker, timeout_s=timeout_s)
-    assert time.perf_counter() - start < 50
+    assert time.perf_counter() - start < 300         # far from the 600 s the workers would sleep
     assert results == {} and got == failure
     suite._finish(Runner(opts, CEILINGS), row, case, 2, None, got)
     assert row.status == "ERROR" and row.message == f"no result from the world-2 worker processes: {failure}"
