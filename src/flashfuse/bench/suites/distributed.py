@@ -15,7 +15,9 @@ Three groups of cases (TFLOP/s are PER GPU: the case's FLOPs / world size / seco
    AdamW. Providers ``1gpu`` (the baseline), ``ddp-xN`` (DistributedDataParallel, gradients as bucket views),
    ``fsdp2-xN`` (``fully_shard_transformer``). 3 warmup + 10 timed steps, each between two CUDA events; a rank's
    time is the median step. A row's ``params["tokens"]`` is N x B x S, so tokens/s = tokens / ms (also in the
-   row's message); scaling = tokens/s over the 1gpu row's; ``flops`` = ``models._flops`` of the global batch.
+   row's message); ``flops`` = ``models._flops`` of the global batch. Weak scaling: a row's ``speedup`` (1gpu ms /
+   its ms) is per step, so the tokens/s scaling is N x speedup and the efficiency is the per-GPU TFLOP/s ratio.
+   (Ring attention and long context are strong scaling: the same work on N GPUs, speedup is the speedup.)
 3. Long context: the same model trained on ONE sequence of S = 96k or 192k tokens. ``1gpu`` (the plain patched
    model) against ``cp-fsdp2-xN`` (``flashfuse.distributed.context_parallel``: the sequence zig-zag sharded and
    attention as ring attention, plus FSDP2 on the same ranks). One GPU runs out of memory at 192k: that OOM row is
