@@ -114,7 +114,8 @@ def test_bench_every_suite_quick_exits_0_on_cpu(tmp_path, capsys):
     text = capsys.readouterr().out
     assert CPU_MESSAGE in text
     doc = _rows(out)
-    assert {r["suite"] for r in doc["rows"]} == {"vector-add", "attention", "decode", "llm", "diffusion", "models"}
+    assert {r["suite"] for r in doc["rows"]} == {"vector-add", "attention", "decode", "llm", "diffusion", "models",
+                                               "distributed"}
     assert not [r for r in doc["rows"] if r["status"] in ("WRONG", "ERROR", "OOM")], \
         [(r["provider"], r["case"], r["message"]) for r in doc["rows"] if r["status"] in ("WRONG", "ERROR")]
     assert {r["provider"] for r in doc["rows"] if r["status"] == "N/A"} == \
