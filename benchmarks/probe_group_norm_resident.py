@@ -1,6 +1,16 @@
-"""Probe (session 7): GroupNorm RESIDENT meeting experiment: time the forward (bf16, NCHW and channels_last, silu) with
-USE_RESIDENT off (default plans) / on (one launch, counter meeting) / on without sync (two launches).
-argv[1]: a label for the source variant (the poll loop is patched by the calling script)."""
+"""Probe (session 7): is GroupNorm's RESIDENT mode slow because of its counter meeting?
+
+    PYTHONPATH=src python benchmarks/probe_group_norm_resident.py LABEL OUT.json
+
+Times the GroupNorm + SiLU forward (bf16, SD shapes, NCHW and channels_last) as CUDA-graph replays with
+USE_RESIDENT off (the default plans), on (one launch, the counter meeting) and on without the meeting
+(RESIDENT_SYNC=False: two launches, no spin), and checks each output against fp32 PyTorch. LABEL names the
+source variant; with a LABEL other than "orig" only the one-launch RESIDENT rows run (session 7 ran it a second
+time with `_arrive_and_wait` polling the counter through `tl.load(..., volatile=True)` instead of atomics).
+The "% copy" column divides by a 1 GiB copy timed the same way, which reads lower than the bench's ceiling:
+compare the microseconds. Results: benchmarks/results/h200-2026-11-21-s7/.
+"""
+
 import json, sys, time
 import torch, torch.nn.functional as F, triton.testing
 import flashfuse.ops.group_norm as gn
