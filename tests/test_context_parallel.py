@@ -9,8 +9,9 @@ the whole batch in one process and compares: the loss (summed over ranks) and ev
 
 Cases: ``zigzag`` / ``contiguous`` (patched Llama), ``unpatched`` (HF's own modules and loss; only the attention
 and the positions change), ``window`` (a patched Mistral with a 5-token sliding window, which crosses the shards'
-chunk boundaries), ``fsdp2`` (patched, context parallel, then fully_shard_transformer on the same ranks). The
-ranks also check the refusals (ValueError) and that remove_context_parallel restores the model.
+chunk boundaries), ``fsdp2`` (patched, context parallel, then fully_shard_transformer on the same ranks),
+``checkpointing`` (HF's gradient checkpointing: every layer's forward, ring attention included, runs again in
+the backward, in the same order on every rank). The ranks also check the refusals (ValueError) and that remove_context_parallel restores the model.
 """
 
 import os
@@ -21,14 +22,14 @@ import torch.distributed as dist
 
 from flashfuse.distributed import (context_parallel, context_parallel_positions, context_parallel_shard,
                                    fully_shard_transformer, remove_context_parallel)
-from flashfuse.distributed.context_parallel import RING_NAME
+from flashfuse.distributed.context_parallelism import RING_NAME
 from testing import rel_err, spawn_nvls_off  # noqa: E402
 
 WORLD = 2
 BATCH, SEQ = 2, 16           # zig-zag on 2 ranks: 4 chunks of 4 tokens; each rank holds 8 tokens per row
 CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-CASES = ("zigzag", "contiguous", "unpatched", "window", "fsdp2")
+CASES = ("zigzag", "contiguous", "unpatched", "window", "fsdp2", "checkpointing")
 # fp32: the runs differ in summation order only (the ring merges partial softmaxes by their LSE, the loss sums per
 # rank, the gradients add over ranks): ~1e-7 per reduction; 1e-5 leaves 10x+ margin, while a token at the wrong
 # position (RoPE), a missing chunk or a wrong shift of the labels moves the loss and gradients by 1e-2 or more.
@@ -66,6 +67,22 @@ def _full(t):
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
 
 
+def _count_ring_calls():
+    """Count the ring attention calls of the layers from now on (a list whose pop() gives the count)."""
+    import flashfuse.distributed.context_parallelism as cp
+
+    original = getattr(cp.ring_flash_attn_func, "__wrapped_ring__", cp.ring_flash_attn_func)
+    count = [0]
+
+    def counting(*args, **kwargs):
+        count[0] += 1
+        return original(*args, **kwargs)
+
+    counting.__wrapped_ring__ = original
+    cp.ring_flash_attn_func = counting
+    return count
+
+
 def _refusals(model, batch):
     """The ValueErrors a context-parallel model raises (messages), and remove_context_parallel's effect."""
     messages = []
@@ -97,6 +114,9 @@ def _worker(rank, tmp):
         for case in CASES:
             layout = "contiguous" if case == "contiguous" else "zigzag"
             model = build_model(case)
+            if case == "checkpointing":
+                model.gradient_checkpointing_enable()
+            calls = _count_ring_calls()
             before = model.config._attn_implementation
             context_parallel(model, layout=layout)
             if case == "fsdp2":
@@ -112,7 +132,7 @@ def _worker(rank, tmp):
             total = loss.detach().clone()
             dist.all_reduce(total)
             results[case] = dict(loss=total.item(), grads=grads, logits_none=out.logits is None, before=before,
-                                 local_len=batch["input_ids"].shape[1])
+                                 local_len=batch["input_ids"].shape[1], ring_calls=calls.pop())
             if case == "zigzag":
                 results["refusals"] = _refusals(model, batch)
             del model
@@ -142,6 +162,8 @@ def test_context_parallel_equals_one_process(runs, case):
     for rank, results in enumerate(runs):
         r = results[case]
         assert r["local_len"] == SEQ // WORLD
+        layers = CONFIG["num_hidden_layers"]       # one ring call per layer; checkpointing runs each twice
+        assert r["ring_calls"] == (2 * layers if case == "checkpointing" else layers), r["ring_calls"]
         assert r["logits_none"] == (case != "unpatched")     # the patched models ran the fused loss
         assert abs(r["loss"] - ref_loss) <= LOSS_TOL * abs(ref_loss), (rank, r["loss"], ref_loss)
         assert r["grads"].keys() == ref_grads.keys()

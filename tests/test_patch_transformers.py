@@ -370,6 +370,38 @@ def test_wrapped_projections_are_left_alone():
     assert rel_err(out.loss, ref(ids, labels=labels).loss) < 1e-4
 
 
+@pytest.mark.parametrize("family", ["llama", "phi3"])
+@pytest.mark.parametrize("enable_first", [False, True])
+def test_gradient_checkpointing_recomputes(family, enable_first):
+    """HF's gradient_checkpointing_enable() on a patched model (enabled before or after patching): every
+    decoder layer runs its forward again in the backward (attention counted), and the loss and every gradient
+    equal the float64 reference. (The fused decoder forward replaces the class forward that transformers 5
+    checkpoints inside; it must checkpoint itself, or checkpointing silently keeps every activation.)"""
+    model = build(family)
+    ids, labels = inputs()
+    _, ref_loss, ref_grads = reference(model, ids, labels)
+    if enable_first:
+        model.gradient_checkpointing_enable()
+    patch_transformers(model)
+    if not enable_first:
+        model.gradient_checkpointing_enable()
+    calls = []
+    for layer in model.model.layers:
+        layer.self_attn.register_forward_hook(lambda *args: calls.append(1))
+    loss = model.train()(ids, labels=labels).loss
+    assert len(calls) == LAYERS
+    loss.backward()
+    assert len(calls) == 2 * LAYERS          # recomputed in the backward
+    assert rel_err(loss, ref_loss) < 1e-4               # the family test's fp32-vs-float64 bounds
+    for name, p in model.named_parameters():
+        assert rel_err(p.grad, ref_grads[name]) < 1e-3, name
+    model.gradient_checkpointing_disable()
+    calls.clear()
+    model(ids, labels=labels).loss.backward()
+    assert len(calls) == LAYERS
+    unpatch_transformers(model)
+
+
 def test_errors():
     with pytest.raises(TypeError, match="PreTrainedModel"):
         patch_transformers(nn.Linear(2, 2))

@@ -18,6 +18,7 @@ outside this layer, so it stays.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 
@@ -33,7 +34,7 @@ def make_fused_residual_forward(original, attn_dropout: str | None, mlp_dropout:
     defaults = {n: signature.parameters[n].default for n in positional
                 if signature.parameters[n].default is not inspect.Parameter.empty}
 
-    def forward(self, hidden_states, *args, **kwargs):
+    def fused(self, hidden_states, *args, **kwargs):
         if len(args) > len(positional):
             raise TypeError(f"{type(self).__name__}.forward takes {len(positional) + 1} positional arguments "
                             f"after self but {len(args) + 1} were given")
@@ -54,7 +55,37 @@ def make_fused_residual_forward(original, attn_dropout: str | None, mlp_dropout:
             out = getattr(self, mlp_dropout)(out)
         return hidden_states + out
 
+    def forward(self, hidden_states, *args, **kwargs):
+        if getattr(self, "gradient_checkpointing", False) and self.training and _checkpoints_in_forward():
+            return self._gradient_checkpointing_func(functools.partial(fused, self, **_no_cache(self, kwargs)),
+                                                     hidden_states, *args)
+        return fused(self, hidden_states, *args, **kwargs)
+
     forward.__doc__ = original.__doc__
     forward.__signature__ = signature
     forward.__name__ = original.__name__
     return forward
+
+
+# Gradient checkpointing. transformers 5.x checkpoints a layer inside its class's ``forward`` (a wrapper that
+# GradientCheckpointingLayer.__init_subclass__ installs), so the instance forward bound above, which shadows the
+# class's, must checkpoint itself or HF's gradient_checkpointing_enable() would silently keep every activation.
+# Earlier versions checkpointed in GradientCheckpointingLayer.__call__, around any forward: then this one must
+# not (it would checkpoint twice).
+@functools.lru_cache(maxsize=None)
+def _checkpoints_in_forward() -> bool:
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    return "__call__" not in vars(GradientCheckpointingLayer)
+
+
+def _no_cache(layer, kwargs: dict) -> dict:
+    """What HF's checkpointing wrapper does to the arguments: a recomputed layer must not write its KV cache
+    twice, so use_cache is turned off and the cache dropped (unless the layer only reads it)."""
+    kwargs = dict(kwargs)
+    if kwargs.get("use_cache"):
+        kwargs["use_cache"] = False
+    if not getattr(layer, "_can_checkpoint_with_cache", False):
+        for name in ("past_key_values", "layer_past"):
+            if kwargs.get(name) is not None:
+                kwargs[name] = None
+    return kwargs
