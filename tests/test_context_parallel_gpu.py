@@ -4,7 +4,8 @@ GPU tier, 2 GPUs (device kind nvidia-h200-x2). A patched Llama of Llama-3.2-1B w
 2048, GQA 32/8 heads of 64, 128256-token tied vocabulary, seed 0 as the models suite builds it), one sequence of
 16384 tokens with a masked prompt. Every rank first computes the single-GPU reference (the whole sequence, no
 collective), then, context parallel over both ranks (zig-zag shards of 8192 tokens, ring attention), one forward
-and backward under DDP and under FSDP2 (``(loss * world).backward()``: both average gradients over the ranks).
+and backward under DDP, under FSDP2, and under FSDP2 with HF's gradient checkpointing (each layer, ring attention
+included, runs again in the backward) (``(loss * world).backward()``: both wrappers average gradients over the ranks).
 The parent asserts on both ranks' errors: the loss (summed over ranks) and every gradient. Every process runs
 with NVLink multicast off (inherited from the parent, checked in the children).
 """
@@ -29,6 +30,7 @@ pytestmark = [
 
 WORLD = 2
 SEQ, LAYERS = 16384, 4
+CASES = ("ddp", "fsdp2", "fsdp2-checkpointing")
 # bf16 weights and gradients, fp32 accumulation in the kernels. The runs differ in rounding: the ring merges
 # partial outputs in fp32 but each partial is rounded to bf16 first, each rank's weight gradient is a bf16 sum
 # over its half of the tokens that NCCL adds in bf16, the loss sums in another order. Same bounds as the
@@ -61,8 +63,10 @@ def _worker(rank, init_file, out_dir):
         ref_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         del model, loss
         result = {"env": {k: os.environ.get(k) for k in NVLS_OFF_ENV}, "ref_loss": ref_loss}
-        for case in ("ddp", "fsdp2"):
+        for case in CASES:
             model = _build(size, torch.bfloat16, device.type, patch=True).train()
+            if case == "fsdp2-checkpointing":
+                model.gradient_checkpointing_enable()
             context_parallel(model)
             model = DDP(model, device_ids=[rank]) if case == "ddp" else fully_shard_transformer(model)
             module = model.module if case == "ddp" else model
@@ -97,7 +101,7 @@ def results(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("case", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("case", CASES)
 def test_context_parallel_matches_one_gpu(results, case):
     for rank, r in enumerate(results):
         assert r["env"] == NVLS_OFF_ENV
