@@ -86,24 +86,37 @@ def _count_ring_calls():
 def _refusals(model, batch):
     """The ValueErrors a context-parallel model raises (messages), and remove_context_parallel's effect."""
     messages = []
+    no_count = {k: v for k, v in batch.items() if k != "num_items_in_batch"}
     for kwargs in (dict(batch, position_ids=torch.arange(SEQ // WORLD)[None]),
                    dict(input_ids=batch["input_ids"], labels=batch["labels"]),
                    dict(batch, attention_mask=torch.ones_like(batch["input_ids"]).index_fill_(1, torch.tensor([0]), 0)),
-                   dict(input_ids=batch["input_ids"][:, :-1])):
+                   dict(input_ids=batch["input_ids"][:, :-1]),
+                   no_count):
         try:
             model(**kwargs)
             messages.append(None)
         except ValueError as e:
             messages.append(str(e))
+    for call in (lambda: context_parallel(model),
+                 lambda: context_parallel_shard(torch.zeros(1, SEQ, dtype=torch.long), model=model,
+                                                layout="contiguous")):
+        try:
+            call()
+            messages.append(None)
+        except ValueError as e:
+            messages.append(str(e))
+    model.set_attn_implementation("sdpa")       # switched behind context_parallel's back
     try:
-        context_parallel(model)
+        model(**batch)
         messages.append(None)
     except ValueError as e:
         messages.append(str(e))
+    model.set_attn_implementation(RING_NAME)
     remove_context_parallel(model)
+    attributes_left = [type(m).__name__ for m in model.modules() if hasattr(m, "_flashfuse_ring")]
     restored = model.config._attn_implementation
     loss = model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss   # a plain local forward again
-    return messages, restored, bool(torch.isfinite(loss))
+    return messages, restored, bool(torch.isfinite(loss)), attributes_left
 
 
 def _worker(rank, tmp):
@@ -121,7 +134,7 @@ def _worker(rank, tmp):
             context_parallel(model, layout=layout)
             if case == "fsdp2":
                 fully_shard_transformer(model)
-            batch = context_parallel_shard(ids, labels, layout=layout)
+            batch = context_parallel_shard(ids, labels, model=model)     # the model's layout and group
             out = model(**batch)
             loss = out.loss
             (loss * (WORLD if case == "fsdp2" else 1)).backward()
@@ -175,14 +188,17 @@ def test_context_parallel_equals_one_process(runs, case):
 
 def test_context_parallel_refusals_and_removal(runs):
     for results in runs:
-        messages, restored, finite = results["refusals"]
+        messages, restored, finite, attributes_left = results["refusals"]
         assert "do not pass position_ids" in messages[0]
         assert "labels without shift_labels" in messages[1]
         assert "attention_mask has padding" in messages[2]
         assert "needs an even number" in messages[3]
-        assert "already context parallel" in messages[4]
+        assert "without num_items_in_batch" in messages[4]
+        assert "already context parallel" in messages[5]
+        assert "layout is 'contiguous' but the model is context parallel with layout 'zigzag'" in messages[6]
+        assert "attention implementation is now 'sdpa'" in messages[7]
         assert restored == results["zigzag"]["before"] != RING_NAME
-        assert finite
+        assert finite and not attributes_left
 
 
 def test_positions():
@@ -203,3 +219,24 @@ def test_needs_a_process_group():
         context_parallel(model)
     with pytest.raises(ValueError, match="torch.distributed is not initialised"):
         context_parallel_shard(torch.zeros(1, 8, dtype=torch.long))
+
+
+def test_unsupported_models_are_refused():
+    """What context parallelism would train silently wrong is refused before any process group is needed."""
+    import transformers
+
+    llama = build_model("unpatched")
+    llama.config.layer_types = ["full_attention", "linear_attention"]          # a hybrid (Qwen3-Next style)
+    with pytest.raises(NotImplementedError, match="linear_attention"):
+        context_parallel(llama)
+    dynamic = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **CONFIG, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}))
+    with pytest.raises(NotImplementedError, match="rope_type 'dynamic'"):
+        context_parallel(dynamic)
+    bart = transformers.BartForCausalLM(transformers.BartConfig(
+        vocab_size=64, d_model=16, decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=32,
+        encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, max_position_embeddings=64))
+    with pytest.raises(ValueError, match="takes no position_ids"):
+        context_parallel(bart)
+    with pytest.raises(ValueError, match="PreTrainedModel"):
+        context_parallel(torch.nn.Linear(2, 2))

@@ -70,7 +70,7 @@ def _worker(rank, init_file, out_dir):
             context_parallel(model)
             model = DDP(model, device_ids=[rank]) if case == "ddp" else fully_shard_transformer(model)
             module = model.module if case == "ddp" else model
-            batch = context_parallel_shard(ids, labels)
+            batch = context_parallel_shard(ids, labels, model=module)
             out = model(**batch)
             (out.loss * WORLD).backward()
             total = out.loss.detach().float()

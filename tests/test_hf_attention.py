@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 from transformers import (AutoModelForCausalLM, Gemma2Config, GPT2Config, LlamaConfig, MistralConfig,
-                          Qwen2Config)
+                          Qwen2Config, Qwen2MoeConfig)
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from flashfuse.integrations import hf_attention
@@ -30,6 +30,10 @@ CONFIGS = {
                                                    attn_logit_softcapping=2.0, final_logit_softcapping=5.0,
                                                    query_pre_attn_scalar=8),
     "gpt2": lambda: GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64),
+    # sliding_window set on the first layer's module but not passed to the attention function (the mask carries it)
+    "qwen2moe-sliding": lambda: Qwen2MoeConfig(**SMALL, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                                               num_experts=4, num_experts_per_tok=2, use_sliding_window=True,
+                                               sliding_window=4, max_window_layers=2),
 }
 
 

@@ -171,6 +171,8 @@ def flashfuse_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
+    if sliding_window is None:          # some models (Qwen2-MoE) set it on the module and leave it to the mask
+        sliding_window = getattr(module, "sliding_window", None)
     seqlen_q = query.shape[2]
     head_dim, v_head_dim = query.shape[-1], value.shape[-1]
     if v_head_dim > head_dim:

@@ -246,7 +246,7 @@ def run_train(task: dict, ctx: Rank) -> dict:
             # Lazy: the context-parallel API is newer than this suite; without it these rows are ERROR rows.
             from flashfuse.distributed import context_parallel, context_parallel_shard
             context_parallel(model, group=None)
-            batch = context_parallel_shard(ids, labels=ids, group=None)
+            batch = context_parallel_shard(ids, labels=ids, model=model)
             scale = ctx.world       # each rank's loss is its share of the global mean; FSDP2 averages gradients
         fully_shard_transformer(model)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, fused=ctx.cuda)
