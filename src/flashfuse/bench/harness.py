@@ -12,19 +12,16 @@ A suite (``Suite`` subclass) says *what* to run:
 The harness says *how*: for each case and provider it checks correctness first (on ``check_case(case)``,
 which may be a reduced copy, error ||out - ref|| / ||ref|| against a dtype-aware tolerance; outputs and, for
 the backward modes, every input gradient), then runs the full case once (peak memory, finite outputs) and
-times it with ``triton.testing.do_bench(warmup=25, rep=100, return_mode="median")``. Failures never stop a run:
-a wrong answer is a WRONG row (not timed), ``torch.cuda.OutOfMemoryError`` an OOM row (memory is freed and
-the run goes on), any other exception an ERROR row with its message, a CUDA-only provider on a CPU machine
-an N/A row.
+times it (``timing.bench_ms``: ``triton.testing.do_bench(warmup=25, rep=100, return_mode="median")``).
+Failures never stop a run: a wrong answer is a WRONG row (not timed), ``torch.cuda.OutOfMemoryError`` an OOM
+row (memory is freed and the run goes on), any other exception an ERROR row with its message, a CUDA-only
+provider on a CPU machine an N/A row.
 """
 
 from __future__ import annotations
 
-import gc
 import math
-import platform
 import re
-import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
@@ -32,6 +29,8 @@ from typing import Any, Callable
 import torch
 
 from .counting import attention_bytes, attention_flops, elementwise_bytes  # noqa: F401 (the suites' API)
+from .timing import (CPU_COPY_BYTES, CPU_MATMUL_N, CPU_TIMED_CALLS, GPU_COPY_BYTES,  # noqa: F401 (API)
+                     GPU_MATMUL_N, _free_memory, bench_ms, cpu_name, measure_ceilings)
 
 MODES = ("fwd", "bwd", "fwd+bwd")
 KINDS = ("flashfuse", "baseline", "peer")   # ours; plain PyTorch (speedups are measured against it); others
@@ -47,12 +46,6 @@ CPU_NOTE = ("CPU run (Triton interpreter): timings mean nothing; this run only c
 # mantissa is fp16's 10 bits.
 TOLERANCE = {torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float32: 4e-3, torch.float64: 1e-10}
 
-# Ceilings. GPU: the protocol's >= 1 GiB device-to-device copy and a bf16 8192^3 matmul. CPU: small
-# versions (64 MiB, 1024^3) that take well under a second on two cores.
-GPU_COPY_BYTES, GPU_MATMUL_N = 1 << 30, 8192
-CPU_COPY_BYTES, CPU_MATMUL_N = 64 << 20, 1024
-# On CPU every timing is meaningless (interpreter), so one timed call after the checked one is enough.
-CPU_TIMED_CALLS = 1
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -203,69 +196,6 @@ def allow_recompiles(limit: int = 64) -> None:
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
     torch._functorch.config.donated_buffer = False
-
-
-# ----------------------------------------------------------------------------------------------------
-# Timing and ceilings
-# ----------------------------------------------------------------------------------------------------
-
-def bench_ms(fn, gpu: bool, cpu_calls: int = CPU_TIMED_CALLS, rep_ms: int = 100, cuda_graph: bool = False) -> float:
-    """Median milliseconds of one call: do_bench with CUDA events on the GPU; wall clock on the CPU.
-
-    ``cuda_graph``: the calls are captured into a CUDA graph and its replays timed
-    (``do_bench_cudagraph``), which leaves out what the host spends per call (Python, launches, the
-    autograd engine's hand-off to its device thread). BENCHMARKING.md's method for many small launches,
-    and for this GPU machine's host, whose Python on the autograd thread costs more than a norm's kernels.
-    The call must be capturable (no host synchronisation); a provider that is not gets an ERROR row."""
-    if gpu:
-        import triton.testing
-        if cuda_graph:
-            return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
-        return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
-    times = []
-    for _ in range(cpu_calls):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
-def measure_ceilings(device: str | None = None, copy_bytes: int | None = None,
-                     matmul_n: int | None = None) -> dict:
-    """Copy bandwidth (bytes read + written) and bf16 matmul throughput on random data."""
-    device = device or Options().device
-    gpu = device.startswith("cuda")
-    copy_bytes = copy_bytes or (GPU_COPY_BYTES if gpu else CPU_COPY_BYTES)
-    n = matmul_n or (GPU_MATMUL_N if gpu else CPU_MATMUL_N)
-    src = torch.randn(copy_bytes // 4, device=device)
-    dst = torch.empty_like(src)
-    copy_ms = bench_ms(lambda: dst.copy_(src), gpu, cpu_calls=5)
-    src = dst = None
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    mm_ms = bench_ms(lambda: a @ b, gpu, cpu_calls=5)
-    a = b = None
-    _free_memory(gpu)
-    return {
-        "device": torch.cuda.get_device_name(torch.device(device)) if gpu else cpu_name(), "cpu": not gpu,
-        "copy_bytes": copy_bytes, "copy_ms": copy_ms, "copy_GBps": 2 * copy_bytes / copy_ms / 1e6,
-        "matmul_n": n, "matmul_dtype": "bfloat16", "matmul_ms": mm_ms,
-        "matmul_TFLOPS": 2.0 * n ** 3 / mm_ms / 1e9,
-        "note": ("measured on the GPU: device-to-device copy and bf16 matmul on random data" if gpu else
-                 "CPU numbers (small copy and matmul on the host CPU), not GPU ceilings"),
-    }
-
-
-def cpu_name() -> str:
-    return f"CPU ({platform.processor() or platform.machine()})"
-
-
-def _free_memory(gpu: bool) -> None:
-    """After an OOM or an exception (whose frames may sit in reference cycles) and between cases. On the
-    CPU there is nothing to give back, and gc.collect() costs ~0.1 s, so it is skipped there."""
-    if gpu:
-        gc.collect()
-        torch.cuda.empty_cache()
 
 
 def _is_oom(exc: BaseException) -> bool:
