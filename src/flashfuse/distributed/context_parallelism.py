@@ -6,18 +6,19 @@ per token and runs on the local shard unchanged. Memory per GPU falls with the g
 (batch, S / world, hidden) per layer, and the ring moves K/V, never a (S, S) score matrix::
 
     dist.init_process_group("nccl")
-    model = patch_transformers(LlamaForCausalLM(config).cuda())   # optional; any causal LM works
+    model = patch_transformers(LlamaForCausalLM(config).cuda())   # optional; patch first
     context_parallel(model)                                       # attention -> ring attention over the group
     fully_shard_transformer(model)                                # FSDP2 (or DDP) over the same ranks
     batch = context_parallel_shard(input_ids, labels, model=model)   # this rank's tokens and targets
     loss = model(**batch).loss                                    # its share of the global mean
     (loss * dist.get_world_size()).backward()                     # FSDP2 / DDP average over ranks: undo that
 
-What ``context_parallel(model, group, layout)`` changes (``remove_context_parallel`` undoes it):
+What ``context_parallel(model, group, layout)`` changes (``remove_context_parallel`` undoes it; the models it
+supports and refuses are in its docstring and ``_check_supported``):
 
-- the attention implementation becomes ``"ring_context_parallel"`` (registered with transformers' AttentionInterface
-  and AttentionMaskInterface): ``ring_flash_attn_func`` with the layer's causal flag, sliding window (on global
-  positions), softcap and scale; GQA natively. Its mask function builds no mask: the ring applies causality
+- the attention implementation becomes ``"ring_context_parallel"`` (registered with transformers'
+  AttentionInterface and AttentionMaskInterface): ``ring_flash_attn_func`` with the layer's causal flag, sliding
+  window (on global positions), softcap and scale; GQA natively. Its mask function builds no mask: the ring applies causality
   and windows itself. Padding is refused (a 2-D attention_mask with zeros raises ValueError), since every
   rank's shard must be a piece of one sequence per row;
 - a forward pre-hook on the model supplies ``position_ids``: the global positions of the local tokens (zig-zag:
