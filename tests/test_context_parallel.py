@@ -11,7 +11,8 @@ Cases: ``zigzag`` / ``contiguous`` (patched Llama), ``unpatched`` (HF's own modu
 and the positions change), ``window`` (a patched Mistral with a 5-token sliding window, which crosses the shards'
 chunk boundaries), ``fsdp2`` (patched, context parallel, then fully_shard_transformer on the same ranks),
 ``checkpointing`` (HF's gradient checkpointing: every layer's forward, ring attention included, runs again in
-the backward, in the same order on every rank). The ranks also check the refusals (ValueError) and that remove_context_parallel restores the model.
+the backward, in the same order on every rank). The ranks also check the refusals (ValueError) and that
+remove_context_parallel restores the model.
 """
 
 import os
