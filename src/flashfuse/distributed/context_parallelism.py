@@ -19,8 +19,8 @@ supports and refuses are in its docstring and ``_check_supported``):
 - the attention implementation becomes ``"ring_context_parallel"`` (registered with transformers'
   AttentionInterface and AttentionMaskInterface): ``ring_flash_attn_func`` with the layer's causal flag, sliding
   window (on global positions), softcap and scale; GQA natively. Its mask function builds no mask: the ring
-  applies causality and windows itself. Padding is refused (a 2-D attention_mask with zeros raises ValueError), since every
-  rank's shard must be a piece of one sequence per row;
+  applies causality and windows itself. Padding is refused (a 2-D attention_mask with zeros raises
+  ValueError), since every rank's shard must be a piece of one sequence per row;
 - a forward pre-hook on the model supplies ``position_ids``: the global positions of the local tokens (zig-zag:
   chunks r and 2W-1-r), so RoPE rotates each token by its place in the whole sequence. Passing position_ids
   yourself raises ValueError (packed sequences are not supported: the ring's mask knows one sequence per row);
