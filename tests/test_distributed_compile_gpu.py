@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from flashfuse.distributed import NVLS_OFF_ENV, fully_shard_transformer, num_items_in_batch
-from testing import rel_err, spawn_nvls_off  # noqa: E402
+from testing import rel_err, spawn_and_read_json  # noqa: E402
 from test_distributed_training_gpu import (BATCH, GRAD_TOL, LOSS_TOL, LR, PARAM_TOL, STEPS, build_model,  # noqa: E402
                                            global_batch)
 
@@ -101,14 +101,7 @@ def _worker(rank, init_file, out_dir):
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dist_compile_gpu")
-    spawn_nvls_off(_worker, (str(tmp / "init"), str(tmp)), WORLD)
-    out = []
-    for r in range(WORLD):
-        with open(tmp / f"rank{r}.json") as f:
-            out.append(json.load(f))
-    print(json.dumps(out, indent=1))
-    return out
+    return spawn_and_read_json(_worker, tmp_path_factory.mktemp("dist_compile_gpu"), WORLD)
 
 
 @pytest.mark.parametrize("case", CASES)

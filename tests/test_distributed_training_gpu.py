@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from flashfuse.bench.suites.models import LLAMA_1B, _build
 from flashfuse.distributed.training import NVLS_OFF_ENV, fully_shard_transformer, num_items_in_batch
-from testing import rel_err, spawn_nvls_off  # noqa: E402
+from testing import rel_err, spawn_and_read_json  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -139,14 +139,7 @@ def _worker(rank, init_file, out_dir):
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dist_gpu")
-    spawn_nvls_off(_worker, (str(tmp / "init"), str(tmp)), WORLD)
-    out = []
-    for r in range(WORLD):
-        with open(tmp / f"rank{r}.json") as f:
-            out.append(json.load(f))
-    print(json.dumps(out, indent=1))  # the measured errors, for the log (pytest -s)
-    return out
+    return spawn_and_read_json(_worker, tmp_path_factory.mktemp("dist_gpu"), WORLD)
 
 
 def test_reference_trains(results):

@@ -19,19 +19,24 @@ def spawn_nvls_off(worker, args, nprocs: int) -> None:
     """torch.multiprocessing.spawn(worker, args, nprocs) with NVLink multicast off in the children (they inherit
     flashfuse.distributed.NVLS_OFF_ENV, as the device README requires on GPU hosts); the parent's environment is
     restored afterwards. A child's exception fails the caller here."""
-    import os
-
     import torch.multiprocessing as mp
 
-    from flashfuse.distributed import NVLS_OFF_ENV, disable_nvlink_multicast
+    from flashfuse.distributed import nvlink_multicast_off
 
-    saved = {k: os.environ.get(k) for k in NVLS_OFF_ENV}
-    disable_nvlink_multicast()
-    try:
+    with nvlink_multicast_off():
         mp.spawn(worker, args=args, nprocs=nprocs, join=True)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+
+
+def spawn_and_read_json(worker, tmp, nprocs: int) -> list:
+    """spawn_nvls_off(worker, (tmp / "init", tmp), nprocs) for workers that rendezvous through the file
+    tmp / "init" and write tmp / "rank{r}.json"; returns the ranks' results in order, also printed (the
+    measured errors, for the log under pytest -s)."""
+    import json
+
+    spawn_nvls_off(worker, (str(tmp / "init"), str(tmp)), nprocs)
+    out = []
+    for r in range(nprocs):
+        with open(tmp / f"rank{r}.json") as f:
+            out.append(json.load(f))
+    print(json.dumps(out, indent=1))
+    return out

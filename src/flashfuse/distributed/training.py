@@ -43,12 +43,14 @@ count, `num_items_in_batch`) and multiply the loss by the world size before back
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
 from torch import nn
 
-__all__ = ["NVLS_OFF_ENV", "disable_nvlink_multicast", "fully_shard_transformer", "num_items_in_batch"]
+__all__ = ["NVLS_OFF_ENV", "disable_nvlink_multicast", "nvlink_multicast_off", "fully_shard_transformer",
+           "num_items_in_batch"]
 
 # NVLink SHARP (multicast objects on the NVSwitch) is used by NCCL's NVLS algorithms, torch's symmetric memory
 # and NVSHMEM when they find it. On shared multi-GPU hosts a program using it can put the host's GPUs out of
@@ -72,6 +74,28 @@ def disable_nvlink_multicast(environ=None) -> dict:
     environ = os.environ if environ is None else environ
     environ.update(NVLS_OFF_ENV)
     return environ
+
+
+@contextlib.contextmanager
+def nvlink_multicast_off():
+    """``disable_nvlink_multicast()`` for the ``with`` block only: processes spawned inside inherit NVLS_OFF_ENV;
+    the caller's values of those variables are restored afterwards (set or unset as they were).
+
+    Example::
+
+        with nvlink_multicast_off():
+            torch.multiprocessing.spawn(worker, nprocs=2)
+    """
+    saved = {k: os.environ.get(k) for k in NVLS_OFF_ENV}
+    disable_nvlink_multicast()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:

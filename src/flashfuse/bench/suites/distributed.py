@@ -249,15 +249,13 @@ class Distributed(Suite):
         are killed. Either way the results written so far are kept and the failure is returned."""
         import torch.multiprocessing as mp
 
-        from flashfuse.distributed import NVLS_OFF_ENV, disable_nvlink_multicast
+        from flashfuse.distributed import nvlink_multicast_off
 
         worker = worker or workers.worker
         if timeout_s is None:
             timeout_s = SPAWN_START_S + sum(TASK_TIMEOUT_S[t["group"]] for t in tasks)
-        saved = {k: os.environ.get(k) for k in NVLS_OFF_ENV}
         failure = ""
-        with tempfile.TemporaryDirectory(prefix="flashfuse-distributed-") as tmp:
-            disable_nvlink_multicast()
+        with tempfile.TemporaryDirectory(prefix="flashfuse-distributed-") as tmp, nvlink_multicast_off():
             try:
                 ctx = mp.start_processes(worker, args=(world, tmp, tasks, cuda), nprocs=world, join=False,
                                          start_method="spawn")
@@ -277,12 +275,6 @@ class Distributed(Suite):
                     failure = f"rank {exc.error_index}: {lines[-1]}"[:500]
                 else:                                             # "process 1 terminated with signal SIGABRT"
                     failure = f"{type(exc).__name__}: {lines[0]}"[:500]
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
             results = {}
             path = os.path.join(tmp, workers.RESULTS)
             if os.path.exists(path):
