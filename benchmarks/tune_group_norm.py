@@ -186,11 +186,6 @@ def main():
         print(f"{head} {r['ms'] * 1e3:9.1f} {r['gbps']:7.0f} {r['pct_ceiling']:6.1f} {speed}")
     for s in skipped:
         print(f"{s}  (not run: over the {BUDGET_S:.0f} s budget)")
-    from flashfuse.ops.group_norm_details import _persistent_launch as pl
-    for key, programs in pl._PROGRAMS.items():   # PERSISTENT grids: resident programs per kernel variant
-        flags = dict(key[1])
-        print(f"resident {key[0].__name__} BLOCK_C={flags.get('BLOCK_C')} BLOCK_HW={flags.get('BLOCK_HW')} "
-              f"warps={flags.get('num_warps')} stages={flags.get('STAGES')}: {programs} programs")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "tune_group_norm.json"), "w") as fh:
