@@ -7,11 +7,10 @@ Variants are module knobs of ``flashfuse.ops.group_norm`` (no code edits):
     chunked         CHUNKED (3 launches per direction, x read twice) in both layouts, every NCHW group size
     default         the module's defaults
     persist         PERSISTENT (one launch per direction, in-kernel meeting per sample) for every group size
-    persist-r16     the same, 16 MB of input per round (default 8)
-    persist-r24-lag0  24 MB per round, no extra lag
-    persist-lag0    no extra lag (default 1)
-    persist-t4096   4096-element tiles on 8 warps (default 2048 on 4), and with 16 MB rounds
-    persist-st2/st4 tile loops pipelined over 2 / 4 stages (default 3)
+    persist-r4/r16  the same, 4 / 16 MB of input per round (default 8)
+    persist-lag0/2  the same, 0 / 2 rounds of extra lag (default 1)
+    persist-pps2    the same, at most 2 programs per SM (default 4)
+    persist-st2/st1 the same, tile loops pipelined over 2 / 1 stages (default 3)
     eager           PyTorch F.silu(F.group_norm(x)) (the peer)
     compile         torch.compile of the same (forward only: its backward through autograd is not graph-safe
                     in this script)
@@ -42,7 +41,7 @@ BUDGET_S = float(os.environ.get("TUNE_BUDGET_S", 200))
 SHAPES = [(2, 320, 64, 64), (8, 320, 128, 128), (16, 640, 64, 64), (16, 1280, 32, 32)]
 KNOBS = ("USE_RESIDENT", "USE_PERSISTENT", "CHUNKED_CHANNELS_LAST", "CHUNKED_NCHW", "CHUNKED_NCHW_MIN_GROUP",
          "WAVE_BYTES", "CHUNK_STAGES", "CHUNK_PROGRAMS_PER_SM", "PERSISTENT_PROGRAMS_PER_SM", "PERSISTENT_ROUND_BYTES",
-         "PERSISTENT_EXTRA_LAG", "PERSISTENT_TILE", "PERSISTENT_ELEMENTS_PER_WARP", "PERSISTENT_STAGES")
+         "PERSISTENT_EXTRA_LAG")
 DEFAULTS = {k: getattr(gn, k) for k in KNOBS}
 ON = dict(CHUNKED_CHANNELS_LAST=True, CHUNKED_NCHW=True, CHUNKED_NCHW_MIN_GROUP=0)
 VARIANTS = {   # in run order: peers and old first, new last
@@ -52,13 +51,13 @@ VARIANTS = {   # in run order: peers and old first, new last
     "chunked": dict(ON, USE_PERSISTENT=False),
     "default": {},
     "persist": dict(ON, USE_PERSISTENT=True),
+    "persist-r4": dict(ON, USE_PERSISTENT=True, PERSISTENT_ROUND_BYTES=4 << 20),
     "persist-r16": dict(ON, USE_PERSISTENT=True, PERSISTENT_ROUND_BYTES=16 << 20),
-    "persist-r24-lag0": dict(ON, USE_PERSISTENT=True, PERSISTENT_ROUND_BYTES=24 << 20, PERSISTENT_EXTRA_LAG=0),
     "persist-lag0": dict(ON, USE_PERSISTENT=True, PERSISTENT_EXTRA_LAG=0),
-    "persist-t4096": dict(ON, USE_PERSISTENT=True, PERSISTENT_TILE=4096),
-    "persist-t4096-r16": dict(ON, USE_PERSISTENT=True, PERSISTENT_TILE=4096, PERSISTENT_ROUND_BYTES=16 << 20),
-    "persist-st2": dict(ON, USE_PERSISTENT=True, PERSISTENT_STAGES=2),
-    "persist-st4": dict(ON, USE_PERSISTENT=True, PERSISTENT_STAGES=4),
+    "persist-lag2": dict(ON, USE_PERSISTENT=True, PERSISTENT_EXTRA_LAG=2),
+    "persist-pps2": dict(ON, USE_PERSISTENT=True, PERSISTENT_PROGRAMS_PER_SM=2),
+    "persist-st2": dict(ON, USE_PERSISTENT=True, CHUNK_STAGES=2),
+    "persist-st1": dict(ON, USE_PERSISTENT=True, CHUNK_STAGES=1),
 }
 GROUPS, DTYPE, EPS = 32, torch.bfloat16, 1e-5
 

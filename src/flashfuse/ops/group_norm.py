@@ -110,14 +110,10 @@ CHUNK_STAGES = 3
 # PERSISTENT mode (group_norm_details/_persistent*.py): CHUNKED's slabs and partials in one persistent launch per
 # direction; the last slab of a sample to finish its statistics finalizes the sample, and each slab is re-read
 # (from L2) a few rounds after its first read. Takes the place of CHUNKED where it is on.
-# The arithmetic of its plan is in _persistent_launch.py.
 USE_PERSISTENT = True
-PERSISTENT_TILE, PERSISTENT_ELEMENTS_PER_WARP = 2048, 512   # 4 warps: four programs per SM at <= 128 registers
-PERSISTENT_MIN_RUN_BYTES = 64       # channels_last: a unit's channels per pixel, at least two 32-byte sectors
-PERSISTENT_PROGRAMS_PER_SM = 4
-PERSISTENT_ROUND_BYTES = 8 << 20    # input read per round of P items
-PERSISTENT_EXTRA_LAG = 1            # rounds of slack between an item's two reads
-PERSISTENT_STAGES = 3
+PERSISTENT_PROGRAMS_PER_SM = 4      # as CHUNK_PROGRAMS_PER_SM (fewer when the compiled kernel does not fit)
+PERSISTENT_ROUND_BYTES = 8 << 20    # input read per round of P slabs
+PERSISTENT_EXTRA_LAG = 1            # rounds of slack between a slab's two reads
 SPIN_LIMIT = 1 << 21   # ~1 s of polling before a unit gives up with NaN statistics (never in a sound launch)
 
 
@@ -198,9 +194,8 @@ def _chunk_config(device: torch.device) -> ChunkConfig:
 
 
 def _persistent_config(device: torch.device) -> PersistentConfig:
-    return PersistentConfig(PERSISTENT_TILE, PERSISTENT_ELEMENTS_PER_WARP, PERSISTENT_MIN_RUN_BYTES,
-                            PERSISTENT_PROGRAMS_PER_SM, PERSISTENT_ROUND_BYTES, PERSISTENT_EXTRA_LAG,
-                            PERSISTENT_STAGES, SPIN_LIMIT, _num_sms(device))
+    return PersistentConfig(_chunk_config(device), PERSISTENT_PROGRAMS_PER_SM, PERSISTENT_ROUND_BYTES,
+                            PERSISTENT_EXTRA_LAG, SPIN_LIMIT)
 
 
 def _alloc(shape, dtype, device) -> Tensor:
@@ -363,15 +358,11 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
     if x.numel() > 0 and _use_chunked(num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD):
         r = x if residual is None else _expand_residual(residual, x)
         strides = tuple(_nchw_strides(t) for t in (x, r, dy, dx))
-        if USE_PERSISTENT:
-            dw_part, db_part, dres_part = persistent_backward(
-                dy, x, r, weight, bias, mean, rstd, dx, strides, residual is not None, num_groups,
-                ACTIVATIONS[activation], compute_dw, compute_db, dres_in_kernel, _persistent_config(x.device),
-                _alloc)
-            return dx, *_reduce_parts(x, residual, weight, bias, n, c, dw_part, db_part, dres_part)
-        dw_part, db_part, dres_part = chunked_backward(
+        launcher, cfg = ((persistent_backward, _persistent_config(x.device)) if USE_PERSISTENT
+                         else (chunked_backward, _chunk_config(x.device)))
+        dw_part, db_part, dres_part = launcher(
             dy, x, r, weight, bias, mean, rstd, dx, strides, residual is not None, num_groups,
-            ACTIVATIONS[activation], dres_in_kernel, _chunk_config(x.device), _alloc)
+            ACTIVATIONS[activation], dres_in_kernel, cfg, _alloc)
         return dx, *_reduce_parts(x, residual, weight, bias, n, c, dw_part if compute_dw else None,
                                   db_part if compute_db else None, dres_part)
     plan = _plan(n, num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD, BWD_ELEMENTS_PER_WARP,
