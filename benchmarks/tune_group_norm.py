@@ -3,14 +3,13 @@
     PYTHONPATH=src python benchmarks/tune_group_norm.py --out DIR [--only REGEX]
 
 Variants are module knobs of ``flashfuse.ops.group_norm`` (no code edits):
-    legacy          ONE_TILE / LOOP / SPLIT, one program per group (CHUNKED / PERSISTENT off in both layouts)
-    chunked         CHUNKED (3 launches per direction, x read twice) in both layouts, every NCHW group size
-    default         the module's defaults
-    persist         PERSISTENT (one launch per direction, in-kernel meeting per sample) for every group size
-    persist-r4/r16  the same, 4 / 16 MB of input per round (default 8)
-    persist-lag0/2  the same, 0 / 2 rounds of extra lag (default 1)
-    persist-pps2    the same, at most 2 programs per SM (default 4)
-    persist-st2/st1 the same, tile loops pipelined over 2 / 1 stages (default 3)
+    legacy          ONE_TILE / LOOP / SPLIT, one program per group (CHUNKED off in both layouts)
+    chunked         CHUNKED in both layouts, the whole tensor in one wave (the default plan)
+    chunked-waves24 CHUNKED in waves of 24 MB of input (the re-read meant to hit L2; measured slower)
+    chunked-st2     CHUNKED, tile loops software-pipelined over 2 stages (tl.range num_stages)
+    chunked-st3     the same over 3 stages (the default)
+    chunked-st4     the same over 4 stages
+    chunked-pps2    CHUNKED, 2 programs per SM (fewer, longer chunks; fewer partials)
     eager           PyTorch F.silu(F.group_norm(x)) (the peer)
     compile         torch.compile of the same (forward only: its backward through autograd is not graph-safe
                     in this script)
@@ -19,7 +18,7 @@ Forward rows time ``group_norm_forward``; fwd+bwd rows time ``group_norm_forward
 fwd+bwd peer runs through autograd with do_bench (no graph). Every variant is checked against fp32 eager
 first (rel err of y and dx); a wrong one is printed as WRONG and not timed. Bytes: fwd reads x and writes y
 (2 tensors), fwd+bwd adds x and dy read and dx written (5). % of the bench's copy ceiling
-(``measure_ceilings``). Rows print as measured; the new (PERSISTENT) variants run last, after every old and peer
+(``measure_ceilings``). Rows print as measured; the new (CHUNKED) variants run last, after every old and peer
 row (an illegal address would poison the CUDA context for everything after it). The run stops adding rows
 after BUDGET_S seconds.
 """
@@ -37,27 +36,22 @@ import triton
 
 import flashfuse.ops.group_norm as gn
 
-BUDGET_S = float(os.environ.get("TUNE_BUDGET_S", 200))
+BUDGET_S = 100.0
 SHAPES = [(2, 320, 64, 64), (8, 320, 128, 128), (16, 640, 64, 64), (16, 1280, 32, 32)]
-KNOBS = ("USE_RESIDENT", "USE_PERSISTENT", "CHUNKED_CHANNELS_LAST", "CHUNKED_NCHW", "CHUNKED_NCHW_MIN_GROUP",
-         "WAVE_BYTES", "CHUNK_STAGES", "CHUNK_PROGRAMS_PER_SM", "PERSISTENT_PROGRAMS_PER_SM", "PERSISTENT_ROUND_BYTES",
-         "PERSISTENT_EXTRA_LAG")
+KNOBS = ("USE_RESIDENT", "CHUNKED_CHANNELS_LAST", "CHUNKED_NCHW", "CHUNKED_NCHW_MIN_GROUP", "WAVE_BYTES",
+         "CHUNK_STAGES", "CHUNK_PROGRAMS_PER_SM")
 DEFAULTS = {k: getattr(gn, k) for k in KNOBS}
 ON = dict(CHUNKED_CHANNELS_LAST=True, CHUNKED_NCHW=True, CHUNKED_NCHW_MIN_GROUP=0)
 VARIANTS = {   # in run order: peers and old first, new last
     "eager": None,
     "compile": None,
-    "legacy": dict(USE_RESIDENT=False, USE_PERSISTENT=False, CHUNKED_CHANNELS_LAST=False, CHUNKED_NCHW=False),
-    "chunked": dict(ON, USE_PERSISTENT=False),
-    "default": {},
-    "persist": dict(ON, USE_PERSISTENT=True),
-    "persist-r4": dict(ON, USE_PERSISTENT=True, PERSISTENT_ROUND_BYTES=4 << 20),
-    "persist-r16": dict(ON, USE_PERSISTENT=True, PERSISTENT_ROUND_BYTES=16 << 20),
-    "persist-lag0": dict(ON, USE_PERSISTENT=True, PERSISTENT_EXTRA_LAG=0),
-    "persist-lag2": dict(ON, USE_PERSISTENT=True, PERSISTENT_EXTRA_LAG=2),
-    "persist-pps2": dict(ON, USE_PERSISTENT=True, PERSISTENT_PROGRAMS_PER_SM=2),
-    "persist-st2": dict(ON, USE_PERSISTENT=True, CHUNK_STAGES=2),
-    "persist-st1": dict(ON, USE_PERSISTENT=True, CHUNK_STAGES=1),
+    "legacy": dict(USE_RESIDENT=False, CHUNKED_CHANNELS_LAST=False, CHUNKED_NCHW=False),
+    "chunked": dict(ON),
+    "chunked-waves24": dict(ON, WAVE_BYTES=24 << 20),
+    "chunked-st2": dict(ON, CHUNK_STAGES=2),
+    "chunked-st3": dict(ON, CHUNK_STAGES=3),
+    "chunked-st4": dict(ON, CHUNK_STAGES=4),
+    "chunked-pps2": dict(ON, CHUNK_PROGRAMS_PER_SM=2),
 }
 GROUPS, DTYPE, EPS = 32, torch.bfloat16, 1e-5
 

@@ -14,8 +14,6 @@ import torch.nn.functional as F
 import flashfuse.ops.group_norm as gn_ops
 from flashfuse.nn.group_norm import GroupNormAct
 from flashfuse.ops.group_norm import group_norm
-from flashfuse.ops.group_norm_details import _persistent_launch as persistent_launch
-from flashfuse.ops.group_norm_details._persistent_launch import _rounds_and_lag, counters, persistent_plan
 from flashfuse.reference.group_norm import group_norm_ref
 from testing import rel_err  # noqa: E402
 
@@ -195,8 +193,8 @@ def test_chunked_mode(device, monkeypatch, layout, shape, groups, activation, we
     x = torch.empty(shape, device=device)
     itemsize = torch.empty((), dtype=dtype).element_size()
     inputs = 3 if residual == "full" else 2                 # the backward's wave counts x, dy (and residual)
-    for name, value in (("USE_RESIDENT", False), ("USE_PERSISTENT", False), ("CHUNKED_NCHW", True),
-                        ("CHUNKED_NCHW_MIN_GROUP", 0), ("CHUNKED_CHANNELS_LAST", True),
+    for name, value in (("USE_RESIDENT", False), ("CHUNKED_NCHW", True), ("CHUNKED_NCHW_MIN_GROUP", 0),
+                        ("CHUNKED_CHANNELS_LAST", True),
                         ("ONE_TILE_FWD", 16), ("ONE_TILE_BWD", 16), ("CHUNK_TILE", tile),
                         ("INTERPRETER_SMS", sms), ("WAVE_BYTES", wave * x[0].numel() * itemsize * inputs)):
         monkeypatch.setattr(gn_ops, name, value)
@@ -213,65 +211,6 @@ def test_chunked_mode(device, monkeypatch, layout, shape, groups, activation, we
     t = make(shape, dtype, device, layout=layout, weight=weight, bias=weight, residual=residual,
              shift=300.0 if dtype is F32 else 3.0)
     check(t, groups, activation, TOL[dtype])
-
-
-# (layout, shape, groups, activation, weight, residual, tile, SMs, round bytes, extra lag, dtype): tiny tiles
-# and rounds force several tiles per slab, several slabs per sample and rounds (a ragged last slab and round),
-# channel blocks that straddle groups or are masked, groups of 1 and of all channels.
-PERSISTENT_CASES = [
-    pytest.param(None, (2, 12, 5, 7), 4, "silu", True, (2, 12, 1, 1), 32, 4, 256, 1, F32, id="nchw-silu-temb"),
-    pytest.param(CL, (2, 12, 5, 7), 3, "silu", True, (2, 12, 1, 1), 32, 4, 256, 0, F32, id="cl-silu-temb"),
-    pytest.param(None, (3, 12, 5, 7), 3, "mish", True, "full", 16, 2, 512, 2, F32, id="nchw-mish-full"),
-    pytest.param(CL, (3, 12, 5, 7), 3, "mish", True, "full", 32, 2, 1024, 1, F32, id="cl-mish-full"),
-    pytest.param(None, (3, 12, 11), 3, "gelu", False, (3, 12, 1), 8, 8, 64, 1, F32, id="ncl-gelu-noaffine"),
-    pytest.param(CL, (2, 12, 5, 7), 12, None, True, (1, 1, 5, 7), 32, 4, 256, 1, F32, id="cl-g12-spatial-res"),
-    pytest.param(CL, (2, 12, 5, 7), 1, "silu", True, None, 32, 4, 256, 1, F32, id="cl-g1"),
-    pytest.param(CL, (2, 12, 5, 7), 3, "silu", True, "full", 32, 4, 512, 1, F16, id="cl-silu-full-fp16"),
-    pytest.param(None, (2, 12, 5, 7), 3, "silu", True, (2, 12, 1, 1), 32, 8, 256, 1, F16, id="nchw-temb-fp16"),
-]
-
-
-@pytest.mark.parametrize("layout, shape, groups, activation, weight, residual, tile, sms, round_bytes, lag, dtype",
-                         PERSISTENT_CASES)
-def test_persistent_mode(device, monkeypatch, layout, shape, groups, activation, weight, residual, tile, sms,
-                         round_bytes, lag, dtype):
-    if groups == 1:     # and finalize blocks smaller than the partials: every loop of the finalize runs twice+
-        monkeypatch.setattr(persistent_launch, "FINALIZE_ELEMENTS", 4)
-    """PERSISTENT (CHUNKED's slabs in one launch, the last slab of a sample finalizes it; the interpreter runs
-    its two phases as two launches): output and every gradient with a mean far from 0, and the per-sample
-    counters back at 0 after each direction (the next launch, or a CUDA-graph replay, starts from 0)."""
-    for name, value in (("USE_RESIDENT", False), ("USE_PERSISTENT", True), ("CHUNKED_NCHW", True),
-                        ("CHUNKED_NCHW_MIN_GROUP", 0), ("CHUNKED_CHANNELS_LAST", True), ("ONE_TILE_FWD", 16),
-                        ("ONE_TILE_BWD", 16), ("CHUNK_TILE", tile), ("INTERPRETER_SMS", sms),
-                        ("PERSISTENT_ROUND_BYTES", round_bytes), ("PERSISTENT_EXTRA_LAG", lag)):
-        monkeypatch.setattr(gn_ops, name, value)
-    hw = torch.empty(shape)[0, 0].numel()
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    cfg = gn_ops._persistent_config(torch.device(device))
-    plan = persistent_plan(shape[0], shape[1], hw, layout is CL, itemsize, sms * cfg.programs_per_sm, cfg)
-    assert plan.n_chunks > 1 and plan.chunk_hw % plan.block_hw == 0, plan
-    assert plan.n_items > sms * cfg.programs_per_sm or plan.tiles > 1, "several rounds or several tiles per slab"
-    t = make(shape, dtype, device, layout=layout, weight=weight, bias=weight, residual=residual,
-             shift=300.0 if dtype is F32 else 3.0)
-    check(t, groups, activation, TOL[dtype])
-    assert int(counters(torch.device(device), 1).abs().sum()) == 0, "a sample counter was left non-zero"
-
-
-def test_persistent_lag_keeps_a_sample_within_reach():
-    """The deadlock-freedom condition at real sizes (132 SMs, 1..4 programs per SM): the items of any sample
-    span at most lag + 1 rounds, so a B never waits on an item of a later round than its program's A."""
-    cfg = gn_ops._persistent_config(torch.device("cpu"))._replace(
-        chunk=gn_ops._chunk_config(torch.device("cpu"))._replace(sms=132))
-    for n, c, hw in ((2, 320, 4096), (8, 320, 16384), (16, 640, 4096), (16, 1280, 1024), (1, 30, 90601),
-                     (1, 128, 1 << 20)):
-        for cl in (False, True):
-            for programs in (132, 264, 528):
-                plan = persistent_plan(n, c, hw, cl, 2, programs, cfg)
-                rounds, lag = _rounds_and_lag(plan, programs, 0)
-                assert rounds * programs >= plan.n_items
-                for i_n in range(n):
-                    first, last = i_n * plan.per_sample, (i_n + 1) * plan.per_sample - 1
-                    assert last // programs - first // programs <= lag, (n, c, hw, cl, programs)
 
 
 def test_chunk_plan_at_real_sizes():

@@ -162,7 +162,6 @@ def test_chunked_sd_shapes_gpu(monkeypatch, wave_bytes, shape, layout):
     """CHUNKED mode (forced for NCHW too) at SD sizes, bf16: several waves of samples for the 84 MB tensors
     (24 MB waves) and one wave; silu(GN(x + temb)) and every gradient against float64."""
     monkeypatch.setattr(gn_ops, "USE_RESIDENT", False)
-    monkeypatch.setattr(gn_ops, "USE_PERSISTENT", False)
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW", True)
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW_MIN_GROUP", 0)
     monkeypatch.setattr(gn_ops, "CHUNKED_CHANNELS_LAST", True)
@@ -185,10 +184,8 @@ def test_chunked_stages_and_full_residual_gpu(monkeypatch, stages, layout):
     check(t, 32, "mish", TOL[F16])
 
 
-@pytest.mark.parametrize("persistent", [False, True], ids=["chunked", "persistent"])
-def test_chunked_cuda_graph_gpu(monkeypatch, persistent):
+def test_chunked_cuda_graph_gpu(monkeypatch):
     """The waves' launches replay in a CUDA graph (the tune script and the bench time them that way)."""
-    monkeypatch.setattr(gn_ops, "USE_PERSISTENT", persistent)
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW", True)
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW_MIN_GROUP", 0)
     x = torch.randn(8, 320, 128, 128, device="cuda", dtype=BF16).to(memory_format=CL)
@@ -201,45 +198,3 @@ def test_chunked_cuda_graph_gpu(monkeypatch, persistent):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, y_ref)
-
-
-PERSISTENT_VARIANTS = {
-    "default": {},
-    "small-rounds-lag0": dict(PERSISTENT_ROUND_BYTES=1 << 20, PERSISTENT_EXTRA_LAG=0),   # many rounds, lag 1
-    "one-program-per-sm": dict(PERSISTENT_PROGRAMS_PER_SM=1),
-    "big-rounds": dict(PERSISTENT_ROUND_BYTES=64 << 20, PERSISTENT_EXTRA_LAG=2),
-}
-
-
-@pytest.mark.parametrize("variant", list(PERSISTENT_VARIANTS))
-@pytest.mark.parametrize("shape", SD_SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
-def test_persistent_sd_shapes_gpu(monkeypatch, variant, shape, layout):
-    """PERSISTENT mode (one launch per direction, in-kernel meeting per sample; forced for every NCHW group)
-    at SD sizes, bf16, under its plan knobs: silu(GN(x + temb)) and every gradient against float64, and the
-    per-sample counters back at 0."""
-    from flashfuse.ops.group_norm_details._persistent_launch import counters
-    for name, value in dict(USE_RESIDENT=False, USE_PERSISTENT=True, CHUNKED_NCHW=True, CHUNKED_NCHW_MIN_GROUP=0,
-                            CHUNKED_CHANNELS_LAST=True, **PERSISTENT_VARIANTS[variant]).items():
-        monkeypatch.setattr(gn_ops, name, value)
-    t = make(shape, BF16, "cuda", layout=layout, residual=shape[:2] + (1, 1), shift=3.0)
-    check(t, 32, "silu", TOL[BF16], eps=1e-6)
-    torch.cuda.synchronize()
-    assert int(counters(torch.device("cuda"), 1).abs().sum()) == 0
-
-
-@pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
-def test_persistent_deterministic_gpu(monkeypatch, layout):
-    """PERSISTENT sums partials in a fixed order whoever finalizes: y, dx, dw, db bit-identical call to call."""
-    monkeypatch.setattr(gn_ops, "USE_PERSISTENT", True)
-    monkeypatch.setattr(gn_ops, "CHUNKED_NCHW_MIN_GROUP", 0)
-    t = make((8, 320, 64, 64), BF16, "cuda", layout=layout, residual=(8, 320, 1, 1), shift=3.0)
-    outs = []
-    for _ in range(3):
-        ins = {k: leaf(v) for k, v in t.items()}
-        y = group_norm(ins["x"], 32, ins["weight"], ins["bias"], 1e-5, "silu", ins["residual"])
-        y.float().pow(2).sum().backward()
-        outs.append([y] + [ins[k].grad for k in ("x", "weight", "bias", "residual")])
-    for again in outs[1:]:
-        for a, b in zip(again, outs[0]):
-            assert torch.equal(a, b)

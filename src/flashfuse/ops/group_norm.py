@@ -37,7 +37,6 @@ from .group_norm_details._kernels import (
     _group_norm_fwd_stats_kernel,
 )
 from .group_norm_details._chunked_launch import ChunkConfig, chunk_plan, chunked_backward, chunked_forward  # noqa: F401
-from .group_norm_details._persistent_launch import PersistentConfig, persistent_backward, persistent_forward
 from .group_norm_details._resident import _group_norm_bwd_resident_kernel, _group_norm_fwd_resident_kernel
 from .group_norm_details._resident_plan import _ResidentPlan, _counters, _launch_opts, _resident_plan_cached
 
@@ -107,13 +106,6 @@ WAVE_BYTES = 0
 # 35 / 30 (8,320,128,128), 34 / 29 (16,640,64,64), 25 / 24 (16,1280,32,32); 2 stages 39 / 33, 37 / 32, 38 / 27;
 # 3 stages 46 / 41, 44 / 40, 44 / 32 (torch.compile's forward: 17, 37, 36).
 CHUNK_STAGES = 3
-# PERSISTENT mode (group_norm_details/_persistent*.py): CHUNKED's slabs and partials in one persistent launch per
-# direction; the last slab of a sample to finish its statistics finalizes the sample, and each slab is re-read
-# (from L2) a few rounds after its first read. Takes the place of CHUNKED where it is on.
-USE_PERSISTENT = True
-PERSISTENT_PROGRAMS_PER_SM = 4      # as CHUNK_PROGRAMS_PER_SM (fewer when the compiled kernel does not fit)
-PERSISTENT_ROUND_BYTES = 8 << 20    # input read per round of P slabs
-PERSISTENT_EXTRA_LAG = 1            # rounds of slack between a slab's two reads
 SPIN_LIMIT = 1 << 21   # ~1 s of polling before a unit gives up with NaN statistics (never in a sound launch)
 
 
@@ -193,11 +185,6 @@ def _chunk_config(device: torch.device) -> ChunkConfig:
                        _num_sms(device))
 
 
-def _persistent_config(device: torch.device) -> PersistentConfig:
-    return PersistentConfig(_chunk_config(device), PERSISTENT_PROGRAMS_PER_SM, PERSISTENT_ROUND_BYTES,
-                            PERSISTENT_EXTRA_LAG, SPIN_LIMIT)
-
-
 def _alloc(shape, dtype, device) -> Tensor:
     """Every fp32 buffer a kernel writes comes from here or _alloc_like (tests replace both with NaN
     fills: an element a kernel forgets to write then fails the comparison)."""
@@ -264,10 +251,6 @@ def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = No
     if _use_resident(n, num_groups, cpg, hw, cl, ONE_TILE_FWD, x.device):
         _forward_resident(x, r, weight, bias, y, mean, rstd, residual is not None, num_groups, eps, activation,
                           (n, hw, cpg, cl), sx, sr, sy)
-        return y, mean, rstd
-    if _use_chunked(num_groups, cpg, hw, cl, ONE_TILE_FWD) and USE_PERSISTENT:
-        persistent_forward(x, r, weight, bias, y, mean, rstd, (sx, sr, sy), residual is not None, num_groups, eps,
-                           ACTIVATIONS[activation], _persistent_config(x.device), _alloc)
         return y, mean, rstd
     if _use_chunked(num_groups, cpg, hw, cl, ONE_TILE_FWD):
         chunked_forward(x, r, weight, bias, y, mean, rstd, (sx, sr, sy), residual is not None, num_groups, eps,
@@ -358,11 +341,9 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
     if x.numel() > 0 and _use_chunked(num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD):
         r = x if residual is None else _expand_residual(residual, x)
         strides = tuple(_nchw_strides(t) for t in (x, r, dy, dx))
-        launcher, cfg = ((persistent_backward, _persistent_config(x.device)) if USE_PERSISTENT
-                         else (chunked_backward, _chunk_config(x.device)))
-        dw_part, db_part, dres_part = launcher(
+        dw_part, db_part, dres_part = chunked_backward(
             dy, x, r, weight, bias, mean, rstd, dx, strides, residual is not None, num_groups,
-            ACTIVATIONS[activation], dres_in_kernel, cfg, _alloc)
+            ACTIVATIONS[activation], dres_in_kernel, _chunk_config(x.device), _alloc)
         return dx, *_reduce_parts(x, residual, weight, bias, n, c, dw_part if compute_dw else None,
                                   db_part if compute_db else None, dres_part)
     plan = _plan(n, num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD, BWD_ELEMENTS_PER_WARP,
