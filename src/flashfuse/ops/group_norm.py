@@ -60,7 +60,6 @@ FWD_ELEMENTS_PER_WARP, BWD_ELEMENTS_PER_WARP, LOOP_ELEMENTS_PER_WARP, MAX_WARPS 
 # groups, so that fewer groups stream at once and the second pass finds its group in L2 (all 256 groups of
 # (8, 320, 128, 128) at once are 84 MB, over the 50 MB L2).
 LOOP_PROGRAMS_PER_SM = 0
-LOOP_STAGES = 1    # tl.range pipelining of the forward's tile loops (LOOP / SPLIT)
 # LOOP runs one program per group. Below 2 groups per SM it would leave SMs idle (SD's (2, 320, 64, 64)
 # has 64 groups for 132 SMs), so the groups are SPLIT into chunks for ~4 programs per SM, each chunk at
 # least MIN_CHUNK_ELEMENTS (4 KiB of bf16: smaller chunks cost more in launch and partials than they
@@ -278,8 +277,7 @@ def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = No
         hw, cpg, num_groups, plan.chunk_hw, plan.n_chunks, float(cpg * hw), n * num_groups, *sx, *sr, *sy,
         float(eps), MODE=plan.mode, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
         HAS_BIAS=bias is not None, ACTIVATION=ACTIVATIONS[activation], BLOCK_C=plan.block_c,
-        BLOCK_HW=plan.block_hw, BLOCK_K=next_power_of_2(plan.n_chunks), STAGES=LOOP_STAGES,
-        num_warps=plan.num_warps)
+        BLOCK_HW=plan.block_hw, BLOCK_K=next_power_of_2(plan.n_chunks), num_warps=plan.num_warps)
     return y, mean, rstd
 
 

@@ -128,8 +128,7 @@ def _normalize_store(s, mean, rstd, w, b, Y, o_c, o_hw, mask, stride_y_c, stride
 
 @triton.jit
 def _chunk_stats(X, R, CPG, hw_start, hw_end, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
-                 HAS_RESIDUAL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
-                 STAGES: tl.constexpr = 1):
+                 HAS_RESIDUAL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
     """(mean, m2 = sum of squared deviations) of s over channels [0, CPG) x pixels [hw_start, hw_end).
 
     Shifted sums, accumulated per lane: with K the mean of the first tile (it removes any common offset,
@@ -148,7 +147,7 @@ def _chunk_stats(X, R, CPG, hw_start, hw_end, stride_x_c, stride_x_hw, stride_r_
     for c0 in range(0, CPG, BLOCK_C):
         o_c = c0 + tl.arange(0, BLOCK_C)                                      # [BLOCK_C]
         m_c = o_c < CPG
-        for h0 in tl.range(hw_start, hw_end, BLOCK_HW, num_stages=STAGES):
+        for h0 in range(hw_start, hw_end, BLOCK_HW):
             o_hw = h0 + tl.arange(0, BLOCK_HW)                                # [BLOCK_HW]
             mask = m_c[:, None] & (o_hw < hw_end)[None, :]
             s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
@@ -195,7 +194,6 @@ def _group_norm_fwd_kernel(
     eps,
     MODE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_K: tl.constexpr,
-    STAGES: tl.constexpr = 1,
 ):
     """Program (n * G + g, k) normalizes chunk k of group (n, g) (the whole group unless SPLIT). With fewer
     programs than groups on axis 0 (LOOP on a capped grid), each takes groups n * G + g, + num_programs, ...:
@@ -225,7 +223,7 @@ def _group_norm_fwd_kernel(
         else:
             if MODE == LOOP:
                 mean, m2 = _chunk_stats(Xg, Rg, CPG, 0, HW, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
-                                        HAS_RESIDUAL, BLOCK_C, BLOCK_HW, STAGES)
+                                        HAS_RESIDUAL, BLOCK_C, BLOCK_HW)
             else:
                 o_k = tl.arange(0, BLOCK_K)                                       # [BLOCK_K]
                 m_k = o_k < n_chunks
@@ -243,7 +241,7 @@ def _group_norm_fwd_kernel(
                 o_c = c0 + tl.arange(0, BLOCK_C)
                 m_c = o_c < CPG
                 w, b = _load_affine(Wg, Bg, o_c, m_c, HAS_WEIGHT, HAS_BIAS)
-                for h0 in tl.range(hw_start, hw_end, BLOCK_HW, num_stages=STAGES):
+                for h0 in range(hw_start, hw_end, BLOCK_HW):
                     o_hw = h0 + tl.arange(0, BLOCK_HW)
                     mask = m_c[:, None] & (o_hw < hw_end)[None, :]
                     s = _load_s(Xg, Rg, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
