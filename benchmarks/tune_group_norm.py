@@ -10,9 +10,6 @@ Variants are module knobs of ``flashfuse.ops.group_norm`` (no code edits):
     chunked-st3     the same over 3 stages (the default)
     chunked-st4     the same over 4 stages
     chunked-pps2    CHUNKED, 2 programs per SM (fewer, longer chunks; fewer partials)
-    loopcap1/2      legacy with the LOOP forward on a grid of 1 / 2 programs per SM looping over groups (fewer
-                    groups stream at once: the second pass should hit L2), SPLIT only below 1 group per SM
-    loopcap1-t4096  loopcap1 with 4096-element loop tiles (16 warps)
     eager           PyTorch F.silu(F.group_norm(x)) (the peer)
     compile         torch.compile of the same (forward only: its backward through autograd is not graph-safe
                     in this script)
@@ -42,7 +39,7 @@ import flashfuse.ops.group_norm as gn
 BUDGET_S = 100.0
 SHAPES = [(2, 320, 64, 64), (8, 320, 128, 128), (16, 640, 64, 64), (16, 1280, 32, 32)]
 KNOBS = ("USE_RESIDENT", "CHUNKED_CHANNELS_LAST", "CHUNKED_NCHW", "CHUNKED_NCHW_MIN_GROUP", "WAVE_BYTES",
-         "CHUNK_STAGES", "CHUNK_PROGRAMS_PER_SM", "LOOP_PROGRAMS_PER_SM", "SPLIT_BELOW_GROUPS_PER_SM", "LOOP_TILE")
+         "CHUNK_STAGES", "CHUNK_PROGRAMS_PER_SM")
 DEFAULTS = {k: getattr(gn, k) for k in KNOBS}
 ON = dict(CHUNKED_CHANNELS_LAST=True, CHUNKED_NCHW=True, CHUNKED_NCHW_MIN_GROUP=0)
 VARIANTS = {   # in run order: peers and old first, new last
@@ -55,12 +52,6 @@ VARIANTS = {   # in run order: peers and old first, new last
     "chunked-st3": dict(ON, CHUNK_STAGES=3),
     "chunked-st4": dict(ON, CHUNK_STAGES=4),
     "chunked-pps2": dict(ON, CHUNK_PROGRAMS_PER_SM=2),
-    "loopcap1": dict(USE_RESIDENT=False, CHUNKED_CHANNELS_LAST=False, CHUNKED_NCHW=False, LOOP_PROGRAMS_PER_SM=1,
-                     SPLIT_BELOW_GROUPS_PER_SM=1),
-    "loopcap2": dict(USE_RESIDENT=False, CHUNKED_CHANNELS_LAST=False, CHUNKED_NCHW=False, LOOP_PROGRAMS_PER_SM=2,
-                     SPLIT_BELOW_GROUPS_PER_SM=1),
-    "loopcap1-t4096": dict(USE_RESIDENT=False, CHUNKED_CHANNELS_LAST=False, CHUNKED_NCHW=False,
-                           LOOP_PROGRAMS_PER_SM=1, SPLIT_BELOW_GROUPS_PER_SM=1, LOOP_TILE=4096),
 }
 GROUPS, DTYPE, EPS = 32, torch.bfloat16, 1e-5
 

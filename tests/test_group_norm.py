@@ -105,7 +105,7 @@ def test_group_norm(device, shape, dtype, layout, activation, weight, bias, resi
         assert y.is_contiguous(memory_format=CL)
 
 
-@pytest.mark.parametrize("mode", ["loop", "loop-capped", "split"])
+@pytest.mark.parametrize("mode", ["loop", "split"])
 @pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
 def test_launch_modes(device, monkeypatch, mode, layout):
     """Small caps force the looped (two passes in one program) and the split (stats kernel + partials)
@@ -118,8 +118,6 @@ def test_launch_modes(device, monkeypatch, mode, layout):
     if mode == "split":
         monkeypatch.setattr(gn_ops, "INTERPRETER_SMS", 4)
         monkeypatch.setattr(gn_ops, "MIN_CHUNK_ELEMENTS", 16)
-    if mode == "loop-capped":   # 2 programs for the 6 groups: each loops over 3
-        monkeypatch.setattr(gn_ops, "LOOP_PROGRAMS_PER_SM", 2)
     x = torch.randn(2, 12, 5, 7, device=device)
     cl = layout is CL
     plan = gn_ops._plan(2, 3, 4, 35, cl, 16, gn_ops.FWD_ELEMENTS_PER_WARP, x.device)

@@ -56,10 +56,6 @@ LOOP_TILE = 2048
 # tiles (LOOP, SPLIT) take 8 values per thread in both directions: ptxas (sm_90, triton 3.6) spilled the
 # looped forward at 16 per thread (80 registers, 40 bytes spilled) and not at 8 (51 registers).
 FWD_ELEMENTS_PER_WARP, BWD_ELEMENTS_PER_WARP, LOOP_ELEMENTS_PER_WARP, MAX_WARPS = 512, 256, 256, 16
-# LOOP forward on a capped grid (0: one program per group): at most this many programs per SM, each looping over
-# groups, so that fewer groups stream at once and the second pass finds its group in L2 (all 256 groups of
-# (8, 320, 128, 128) at once are 84 MB, over the 50 MB L2).
-LOOP_PROGRAMS_PER_SM = 0
 # LOOP runs one program per group. Below 2 groups per SM it would leave SMs idle (SD's (2, 320, 64, 64)
 # has 64 groups for 132 SMs), so the groups are SPLIT into chunks for ~4 programs per SM, each chunk at
 # least MIN_CHUNK_ELEMENTS (4 KiB of bf16: smaller chunks cost more in launch and partials than they
@@ -262,8 +258,6 @@ def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = No
         return y, mean, rstd
     plan = _plan(n, num_groups, cpg, hw, sx[1] == 1 and hw > 1, ONE_TILE_FWD, FWD_ELEMENTS_PER_WARP, x.device)
     grid = (n * num_groups, plan.n_chunks)
-    if plan.mode == MODE_LOOP and LOOP_PROGRAMS_PER_SM:
-        grid = (min(n * num_groups, LOOP_PROGRAMS_PER_SM * _num_sms(x.device)), 1)
     part = mean  # stands in when there are no partials (never touched: MODE is not SPLIT)
     if plan.mode == MODE_SPLIT:
         part = _alloc((n * num_groups, plan.n_chunks, 2), torch.float32, x.device)
@@ -274,8 +268,8 @@ def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = No
     dummy = x  # stands in for absent weight / bias (HAS_* is False: never touched)
     _group_norm_fwd_kernel[grid](
         x, r, dummy if weight is None else weight, dummy if bias is None else bias, y, part, mean, rstd,
-        hw, cpg, num_groups, plan.chunk_hw, plan.n_chunks, float(cpg * hw), n * num_groups, *sx, *sr, *sy,
-        float(eps), MODE=plan.mode, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
+        hw, cpg, num_groups, plan.chunk_hw, plan.n_chunks, float(cpg * hw), *sx, *sr, *sy, float(eps),
+        MODE=plan.mode, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
         HAS_BIAS=bias is not None, ACTIVATION=ACTIVATIONS[activation], BLOCK_C=plan.block_c,
         BLOCK_HW=plan.block_hw, BLOCK_K=next_power_of_2(plan.n_chunks), num_warps=plan.num_warps)
     return y, mean, rstd

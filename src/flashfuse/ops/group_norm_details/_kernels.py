@@ -188,69 +188,66 @@ def _group_norm_fwd_kernel(
     X, R, W, B, Y, PART, MEAN, RSTD,
     # X, R, Y: (N, C, HW) by strides; W, B: [C]; PART: [N * G, n_chunks, 2] fp32 (SPLIT);
     # MEAN, RSTD: [N * G] fp32 (out)
-    HW, CPG, num_groups, chunk_hw, n_chunks, group_size, n_groups_total,
+    HW, CPG, num_groups, chunk_hw, n_chunks, group_size,
     stride_x_n, stride_x_c, stride_x_hw, stride_r_n, stride_r_c, stride_r_hw,
     stride_y_n, stride_y_c, stride_y_hw,
     eps,
     MODE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Program (n * G + g, k) normalizes chunk k of group (n, g) (the whole group unless SPLIT). With fewer
-    programs than groups on axis 0 (LOOP on a capped grid), each takes groups n * G + g, + num_programs, ...:
-    fewer groups stream at once, so the second pass finds the group in L2."""
-    for i_ng in range(tl.program_id(0), n_groups_total, tl.num_programs(0)):
-        ng = tl.cast(i_ng, tl.int64)
-        i_k = tl.program_id(1)
-        i_n = ng // num_groups
-        c_first = (ng % num_groups) * CPG
-        Xg = X + i_n * stride_x_n + c_first * stride_x_c
-        Rg = R + i_n * stride_r_n + c_first * stride_r_c
-        Yg = Y + i_n * stride_y_n + c_first * stride_y_c
-        Wg = W + c_first
-        Bg = B + c_first
-        if MODE == ONE_TILE:
-            o_c = tl.arange(0, BLOCK_C)                                           # [BLOCK_C]
-            m_c = o_c < CPG
-            o_hw = tl.arange(0, BLOCK_HW)                                         # [BLOCK_HW]
-            mask = m_c[:, None] & (o_hw < HW)[None, :]
-            s = _load_s(Xg, Rg, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
-            mean = tl.sum(tl.sum(s, axis=1), axis=0) / group_size
-            d = tl.where(mask, s - mean, 0.0)
-            rstd = tl.math.rsqrt(tl.sum(tl.sum(d * d, axis=1), axis=0) / group_size + eps)
-            w, b = _load_affine(Wg, Bg, o_c, m_c, HAS_WEIGHT, HAS_BIAS)
-            _normalize_store(s, mean, rstd, w, b, Yg, o_c, o_hw, mask, stride_y_c, stride_y_hw,
-                             HAS_WEIGHT, HAS_BIAS, ACTIVATION)
+    """Program (n * G + g, k) normalizes chunk k of group (n, g) (the whole group unless SPLIT)."""
+    i_ng = tl.program_id(0).to(tl.int64)
+    i_k = tl.program_id(1)
+    i_n = i_ng // num_groups
+    c_first = (i_ng % num_groups) * CPG
+    X += i_n * stride_x_n + c_first * stride_x_c
+    R += i_n * stride_r_n + c_first * stride_r_c
+    Y += i_n * stride_y_n + c_first * stride_y_c
+    W += c_first
+    B += c_first
+    if MODE == ONE_TILE:
+        o_c = tl.arange(0, BLOCK_C)                                           # [BLOCK_C]
+        m_c = o_c < CPG
+        o_hw = tl.arange(0, BLOCK_HW)                                         # [BLOCK_HW]
+        mask = m_c[:, None] & (o_hw < HW)[None, :]
+        s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
+        mean = tl.sum(tl.sum(s, axis=1), axis=0) / group_size
+        d = tl.where(mask, s - mean, 0.0)
+        rstd = tl.math.rsqrt(tl.sum(tl.sum(d * d, axis=1), axis=0) / group_size + eps)
+        w, b = _load_affine(W, B, o_c, m_c, HAS_WEIGHT, HAS_BIAS)
+        _normalize_store(s, mean, rstd, w, b, Y, o_c, o_hw, mask, stride_y_c, stride_y_hw,
+                         HAS_WEIGHT, HAS_BIAS, ACTIVATION)
+    else:
+        if MODE == LOOP:
+            mean, m2 = _chunk_stats(X, R, CPG, 0, HW, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
+                                    HAS_RESIDUAL, BLOCK_C, BLOCK_HW)
         else:
-            if MODE == LOOP:
-                mean, m2 = _chunk_stats(Xg, Rg, CPG, 0, HW, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
-                                        HAS_RESIDUAL, BLOCK_C, BLOCK_HW)
-            else:
-                o_k = tl.arange(0, BLOCK_K)                                       # [BLOCK_K]
-                m_k = o_k < n_chunks
-                p = PART + (ng * n_chunks + o_k) * 2
-                mean_k = tl.load(p, mask=m_k, other=0.0)
-                m2_k = tl.load(p + 1, mask=m_k, other=0.0)
-                n_k = (tl.minimum(tl.maximum(HW - o_k * chunk_hw, 0), chunk_hw) * CPG).to(tl.float32)
-                mean = tl.sum(n_k * mean_k, axis=0) / group_size
-                d_k = mean_k - mean
-                m2 = tl.sum(m2_k, axis=0) + tl.sum(n_k * d_k * d_k, axis=0)
-            rstd = tl.math.rsqrt(m2 / group_size + eps)
-            hw_start = i_k * chunk_hw
-            hw_end = tl.minimum(hw_start + chunk_hw, HW)
-            for c0 in range(0, CPG, BLOCK_C):
-                o_c = c0 + tl.arange(0, BLOCK_C)
-                m_c = o_c < CPG
-                w, b = _load_affine(Wg, Bg, o_c, m_c, HAS_WEIGHT, HAS_BIAS)
-                for h0 in range(hw_start, hw_end, BLOCK_HW):
-                    o_hw = h0 + tl.arange(0, BLOCK_HW)
-                    mask = m_c[:, None] & (o_hw < hw_end)[None, :]
-                    s = _load_s(Xg, Rg, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
-                                HAS_RESIDUAL)
-                    _normalize_store(s, mean, rstd, w, b, Yg, o_c, o_hw, mask, stride_y_c, stride_y_hw,
-                                     HAS_WEIGHT, HAS_BIAS, ACTIVATION)
-        if i_k == 0:
-            tl.store(MEAN + ng, mean)
-            tl.store(RSTD + ng, rstd)
+            o_k = tl.arange(0, BLOCK_K)                                       # [BLOCK_K]
+            m_k = o_k < n_chunks
+            p = PART + (i_ng * n_chunks + o_k) * 2
+            mean_k = tl.load(p, mask=m_k, other=0.0)
+            m2_k = tl.load(p + 1, mask=m_k, other=0.0)
+            n_k = (tl.minimum(tl.maximum(HW - o_k * chunk_hw, 0), chunk_hw) * CPG).to(tl.float32)
+            mean = tl.sum(n_k * mean_k, axis=0) / group_size
+            d_k = mean_k - mean
+            m2 = tl.sum(m2_k, axis=0) + tl.sum(n_k * d_k * d_k, axis=0)
+        rstd = tl.math.rsqrt(m2 / group_size + eps)
+        hw_start = i_k * chunk_hw
+        hw_end = tl.minimum(hw_start + chunk_hw, HW)
+        for c0 in range(0, CPG, BLOCK_C):
+            o_c = c0 + tl.arange(0, BLOCK_C)
+            m_c = o_c < CPG
+            w, b = _load_affine(W, B, o_c, m_c, HAS_WEIGHT, HAS_BIAS)
+            for h0 in range(hw_start, hw_end, BLOCK_HW):
+                o_hw = h0 + tl.arange(0, BLOCK_HW)
+                mask = m_c[:, None] & (o_hw < hw_end)[None, :]
+                s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
+                            HAS_RESIDUAL)
+                _normalize_store(s, mean, rstd, w, b, Y, o_c, o_hw, mask, stride_y_c, stride_y_hw,
+                                 HAS_WEIGHT, HAS_BIAS, ACTIVATION)
+    if i_k == 0:
+        tl.store(MEAN + i_ng, mean)
+        tl.store(RSTD + i_ng, rstd)
 
 
 @triton.jit
