@@ -10,8 +10,6 @@ Variants are module knobs of ``flashfuse.ops.group_norm`` (no code edits):
     chunked-st3     the same over 3 stages (the default)
     chunked-st4     the same over 4 stages
     chunked-pps2    CHUNKED, 2 programs per SM (fewer, longer chunks; fewer partials)
-    chunked-tma     CHUNKED with the NCHW forward's x tiles through tensor descriptors (TMA); -st4: 4 stages,
-                    -pps8: 8 programs per SM
     eager           PyTorch F.silu(F.group_norm(x)) (the peer)
     compile         torch.compile of the same (forward only: its backward through autograd is not graph-safe
                     in this script)
@@ -41,7 +39,7 @@ import flashfuse.ops.group_norm as gn
 BUDGET_S = 100.0
 SHAPES = [(2, 320, 64, 64), (8, 320, 128, 128), (16, 640, 64, 64), (16, 1280, 32, 32)]
 KNOBS = ("USE_RESIDENT", "CHUNKED_CHANNELS_LAST", "CHUNKED_NCHW", "CHUNKED_NCHW_MIN_GROUP", "WAVE_BYTES",
-         "CHUNK_STAGES", "CHUNK_PROGRAMS_PER_SM", "CHUNK_TMA")
+         "CHUNK_STAGES", "CHUNK_PROGRAMS_PER_SM")
 DEFAULTS = {k: getattr(gn, k) for k in KNOBS}
 ON = dict(CHUNKED_CHANNELS_LAST=True, CHUNKED_NCHW=True, CHUNKED_NCHW_MIN_GROUP=0)
 VARIANTS = {   # in run order: peers and old first, new last
@@ -54,10 +52,6 @@ VARIANTS = {   # in run order: peers and old first, new last
     "chunked-st3": dict(ON, CHUNK_STAGES=3),
     "chunked-st4": dict(ON, CHUNK_STAGES=4),
     "chunked-pps2": dict(ON, CHUNK_PROGRAMS_PER_SM=2),
-    "chunked-tma": dict(ON, CHUNK_TMA=True),
-    "chunked-tma-st4": dict(ON, CHUNK_TMA=True, CHUNK_STAGES=4),
-    "chunked-tma-pps8": dict(ON, CHUNK_TMA=True, CHUNK_PROGRAMS_PER_SM=8),
-    "chunked-tma-st4-pps8": dict(ON, CHUNK_TMA=True, CHUNK_STAGES=4, CHUNK_PROGRAMS_PER_SM=8),
 }
 GROUPS, DTYPE, EPS = 32, torch.bfloat16, 1e-5
 

@@ -184,11 +184,10 @@ CHUNKED_CASES = [
 ]
 
 
-@pytest.mark.parametrize("tma", [False, True], ids=["ptr", "tma"])
 @pytest.mark.parametrize("layout, shape, groups, activation, weight, residual, tile, sms, wave, dtype",
                          CHUNKED_CASES)
 def test_chunked_mode(device, monkeypatch, layout, shape, groups, activation, weight, residual, tile, sms, wave,
-                      dtype, tma):
+                      dtype):
     """CHUNKED (per-channel partials over pixel chunks, per-group finalize, waves of samples): output and
     every gradient, a mean far from 0 (no E[s^2] - mean^2). NCHW is forced in with a tiny one-tile cap."""
     x = torch.empty(shape, device=device)
@@ -197,8 +196,7 @@ def test_chunked_mode(device, monkeypatch, layout, shape, groups, activation, we
     for name, value in (("USE_RESIDENT", False), ("CHUNKED_NCHW", True), ("CHUNKED_NCHW_MIN_GROUP", 0),
                         ("CHUNKED_CHANNELS_LAST", True),
                         ("ONE_TILE_FWD", 16), ("ONE_TILE_BWD", 16), ("CHUNK_TILE", tile),
-                        ("INTERPRETER_SMS", sms), ("WAVE_BYTES", wave * x[0].numel() * itemsize * inputs),
-                        ("CHUNK_TMA", tma)):
+                        ("INTERPRETER_SMS", sms), ("WAVE_BYTES", wave * x[0].numel() * itemsize * inputs)):
         monkeypatch.setattr(gn_ops, name, value)
     cl = layout is CL
     hw = x[0, 0].numel()
@@ -213,24 +211,6 @@ def test_chunked_mode(device, monkeypatch, layout, shape, groups, activation, we
     t = make(shape, dtype, device, layout=layout, weight=weight, bias=weight, residual=residual,
              shift=300.0 if dtype is F32 else 3.0)
     check(t, groups, activation, TOL[dtype])
-
-
-@pytest.mark.parametrize("residual", [None, (2, 12, 1, 1), "full"], ids=["nores", "temb", "full"])
-@pytest.mark.parametrize("dtype", [F32, F16])
-def test_chunked_tma_nchw(device, monkeypatch, residual, dtype):
-    """CHUNKED's NCHW forward with x tiles through tensor descriptors: taken for rows of 16-byte multiples and
-    no full residual (a full residual falls back to pointers); 48-pixel rows in 64-pixel tiles (the box past HW is
-    zero-filled by TMA and masked)."""
-    from flashfuse.ops.group_norm_details import _chunked_launch
-    calls, real = [], _chunked_launch.ensure_tma_allocator
-    monkeypatch.setattr(_chunked_launch, "ensure_tma_allocator", lambda: calls.append(1) or real())
-    for name, value in (("USE_RESIDENT", False), ("CHUNKED_NCHW", True), ("CHUNKED_NCHW_MIN_GROUP", 0),
-                        ("ONE_TILE_FWD", 16), ("ONE_TILE_BWD", 16), ("CHUNK_TILE", 64), ("INTERPRETER_SMS", 4),
-                        ("CHUNK_TMA", True)):
-        monkeypatch.setattr(gn_ops, name, value)
-    t = make((2, 12, 6, 8), dtype, device, residual=residual, shift=300.0 if dtype is F32 else 3.0)
-    check(t, 3, "silu", TOL[dtype])
-    assert bool(calls) == (residual != "full"), "TMA taken iff no full residual"
 
 
 def test_chunk_plan_at_real_sizes():

@@ -198,14 +198,3 @@ def test_chunked_cuda_graph_gpu(monkeypatch):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, y_ref)
-
-
-@pytest.mark.parametrize("residual", [False, True], ids=["nores", "temb"])
-@pytest.mark.parametrize("shape", SD_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_chunked_tma_sd_shapes_gpu(monkeypatch, shape, residual):
-    """CHUNKED's NCHW forward with x through tensor descriptors (CHUNK_TMA) at SD sizes, bf16, with and without
-    the time embedding; every gradient against float64."""
-    for name, value in dict(USE_RESIDENT=False, CHUNKED_NCHW=True, CHUNKED_NCHW_MIN_GROUP=0, CHUNK_TMA=True).items():
-        monkeypatch.setattr(gn_ops, name, value)
-    t = make(shape, BF16, "cuda", residual=shape[:2] + (1, 1) if residual else None, shift=3.0)
-    check(t, 32, "silu", TOL[BF16], eps=1e-6)

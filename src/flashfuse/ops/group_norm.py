@@ -106,9 +106,6 @@ WAVE_BYTES = 0
 # 35 / 30 (8,320,128,128), 34 / 29 (16,640,64,64), 25 / 24 (16,1280,32,32); 2 stages 39 / 33, 37 / 32, 38 / 27;
 # 3 stages 46 / 41, 44 / 40, 44 / 32 (torch.compile's forward: 17, 37, 36).
 CHUNK_STAGES = 3
-# NCHW forward: x tiles through tensor descriptors (TMA), so that the stages above become a shared-memory
-# pipeline (with pointer loads they prefetch into registers: ptxas shows 0-1 KB of shared memory).
-CHUNK_TMA = False
 SPIN_LIMIT = 1 << 21   # ~1 s of polling before a unit gives up with NaN statistics (never in a sound launch)
 
 
@@ -185,7 +182,7 @@ def _use_chunked(groups: int, cpg: int, hw: int, channels_last: bool, one_tile: 
 
 def _chunk_config(device: torch.device) -> ChunkConfig:
     return ChunkConfig(CHUNK_TILE, CHUNK_ELEMENTS_PER_WARP, CHUNK_PROGRAMS_PER_SM, WAVE_BYTES, CHUNK_STAGES,
-                       _num_sms(device), CHUNK_TMA)
+                       _num_sms(device))
 
 
 def _alloc(shape, dtype, device) -> Tensor:

@@ -50,56 +50,25 @@ def _slab(C, HW, chunk_hw, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
-def _x_source(X, C, HW, stride_x_c, i_n, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, USE_TMA: tl.constexpr):
-    """USE_TMA (contiguous NCHW): a tensor descriptor over this sample's (C, HW) rows, whose tile loads run through
-    a shared-memory pipeline (the tile loops' stages); else X itself."""
-    if USE_TMA:
-        return tl.make_tensor_descriptor(X + i_n * C * stride_x_c, [C, HW], [stride_x_c, 1], [BLOCK_C, BLOCK_HW])
-    else:
-        return X
-
-
-@triton.jit
-def _load_tile(X, R, x_src, o_c, o_hw, c0, h0, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
-               HAS_RESIDUAL: tl.constexpr, USE_TMA: tl.constexpr):
-    """s = x (+ residual) over one [BLOCK_C, BLOCK_HW] tile as fp32, 0 outside the mask: x through the
-    descriptor (TMA zero-fills past HW; pixels past the chunk are masked here) or pointers, the residual by
-    pointers (the launcher takes TMA only for a broadcast residual, e.g. (N, C, 1, 1): a few KB, L1-resident)."""
-    if USE_TMA:
-        x = x_src.load([c0, h0])
-        s = tl.where(mask, x.to(tl.float32), 0.0)
-        if HAS_RESIDUAL:
-            r = tl.load(R + o_c[:, None] * stride_r_c + o_hw[None, :] * stride_r_hw, mask=mask, other=0.0)
-            s = tl.where(mask, (s + r.to(tl.float32)).to(X.dtype.element_ty).to(tl.float32), 0.0)
-        return s
-    else:
-        return _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
-
-
-@triton.jit
 def _chunked_fwd_stats_kernel(
     X, R, DELTA_PART, M2_PART,
     # X, R: (N, C, HW) by strides; DELTA_PART, M2_PART: [N, n_chunks, C] fp32 (out)
     C, HW, CPG, chunk_hw, n_chunks,
     stride_x_n, stride_x_c, stride_x_hw, stride_r_n, stride_r_c, stride_r_hw,
     HAS_RESIDUAL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr,
-    USE_TMA: tl.constexpr = False,
 ):
     """Kernel 1 forward: per-channel (mean - K_g, m2) of s over the slab's pixels."""
     i_n, i_k, o_c, m_c, hw_start, hw_end = _slab(C, HW, chunk_hw, BLOCK_C)
-    x_src = _x_source(X, C, HW, stride_x_c, i_n, BLOCK_C, BLOCK_HW, USE_TMA)
     X += i_n * stride_x_n
     R += i_n * stride_r_n
     shift = _load_s(X, R, o_c // CPG * CPG, tl.zeros([1], dtype=tl.int32), m_c[:, None], stride_x_c,
                     stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)       # [BLOCK_C, 1]: K_g
     acc = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
-    c0 = tl.program_id(2) * BLOCK_C
     for h0 in tl.range(hw_start, hw_end, BLOCK_HW, num_stages=STAGES):
         o_hw = h0 + tl.arange(0, BLOCK_HW)                                    # [BLOCK_HW]
         mask = m_c[:, None] & (o_hw < hw_end)[None, :]
-        s = _load_tile(X, R, x_src, o_c, o_hw, c0, h0, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
-                       HAS_RESIDUAL, USE_TMA)
+        s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
         d = tl.where(mask, s - shift, 0.0)
         acc += d
         acc2 += d * d
@@ -184,12 +153,10 @@ def _chunked_fwd_apply_kernel(
     stride_x_n, stride_x_c, stride_x_hw, stride_r_n, stride_r_c, stride_r_hw,
     stride_y_n, stride_y_c, stride_y_hw,
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr, USE_TMA: tl.constexpr = False,
+    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Kernel 3 forward: y = act((s - mu) rstd w + b) over the slab."""
     i_n, i_k, o_c, m_c, hw_start, hw_end = _slab(C, HW, chunk_hw, BLOCK_C)
-    x_src = _x_source(X, C, HW, stride_x_c, i_n, BLOCK_C, BLOCK_HW, USE_TMA)
-    c0 = tl.program_id(2) * BLOCK_C
     X += i_n * stride_x_n
     R += i_n * stride_r_n
     Y += i_n * stride_y_n
@@ -199,8 +166,7 @@ def _chunked_fwd_apply_kernel(
     for h0 in tl.range(hw_start, hw_end, BLOCK_HW, num_stages=STAGES):
         o_hw = h0 + tl.arange(0, BLOCK_HW)                                    # [BLOCK_HW]
         mask = m_c[:, None] & (o_hw < hw_end)[None, :]
-        s = _load_tile(X, R, x_src, o_c, o_hw, c0, h0, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
-                       HAS_RESIDUAL, USE_TMA)
+        s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
         _normalize_store(s, mean, rstd, w, b, Y, o_c, o_hw, mask, stride_y_c, stride_y_hw,
                          HAS_WEIGHT, HAS_BIAS, ACTIVATION)
 

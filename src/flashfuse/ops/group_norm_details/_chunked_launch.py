@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import torch
 
-from .._triton import cdiv, ensure_tma_allocator, next_power_of_2
+from .._triton import cdiv, next_power_of_2
 from ._chunked import (
     _chunked_bwd_dx_kernel,
     _chunked_bwd_sums_kernel,
@@ -56,7 +56,6 @@ class ChunkConfig(NamedTuple):
     wave_bytes: int         # input bytes per wave (0: one wave)
     stages: int             # software-pipelining stages of the tile loops (1: none)
     sms: int
-    tma: bool = False       # NCHW forward: x tiles through tensor descriptors (TMA) where the layout allows
 
 
 class ChunkPlan(NamedTuple):
@@ -117,14 +116,7 @@ def chunked_forward(x, r, weight, bias, y, mean, rstd, strides, has_residual, nu
     m2_part = alloc((n, k, c), torch.float32, x.device)
     dummy = x   # stands in for absent weight / bias (HAS_* is False: never touched)
     w, b = dummy if weight is None else weight, dummy if bias is None else bias
-    # TMA: contiguous NCHW x (rows of HW pixels, 16-byte aligned) and no full residual (the broadcast time
-    # embedding is read by pointers); the descriptor covers one sample's C rows, so a tile never crosses samples
-    use_tma = (cfg.tma and sx[2] == 1 and sx[1] == hw and sx[0] == c * hw and (not has_residual or sr[2] == 0)
-               and (hw * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0)
-    if use_tma:
-        ensure_tma_allocator()
-    tile = dict(BLOCK_C=plan.block_c, BLOCK_HW=plan.block_hw, STAGES=cfg.stages, num_warps=plan.num_warps,
-                USE_TMA=use_tma)
+    tile = dict(BLOCK_C=plan.block_c, BLOCK_HW=plan.block_hw, STAGES=cfg.stages, num_warps=plan.num_warps)
     for sl in _waves(n, plan.wave):
         grid = (sl.stop - sl.start, k, plan.n_cblocks)
         xs, rs = x[sl], r[sl]
