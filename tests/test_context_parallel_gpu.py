@@ -10,7 +10,6 @@ The parent asserts on both ranks' errors: the loss (summed over ranks) and every
 with NVLink multicast off (inherited from the parent, checked in the children).
 """
 
-import json
 import os
 
 import pytest
@@ -20,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from flashfuse.bench.suites.models import LLAMA_1B, _build
 from flashfuse.distributed import NVLS_OFF_ENV, context_parallel, context_parallel_shard, fully_shard_transformer
-from testing import rel_err, spawn_and_read_json  # noqa: E402
+from testing import rel_err, spawn_and_read_json, write_rank_json  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -83,8 +82,7 @@ def _worker(rank, init_file, out_dir):
                 local_len=batch["input_ids"].shape[1])
             del model, module, out, grads
             torch.cuda.empty_cache()
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(result, f)
+        write_rank_json(out_dir, rank, result)
     finally:
         dist.destroy_process_group()
 

@@ -13,7 +13,6 @@ compiled the way each wrapper's docs recommend:
 and the final parameters with the eager single-GPU reference it computes itself; the parent asserts.
 """
 
-import json
 import os
 
 import pytest
@@ -22,7 +21,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from flashfuse.distributed import NVLS_OFF_ENV, fully_shard_transformer, num_items_in_batch
-from testing import rel_err, spawn_and_read_json  # noqa: E402
+from testing import rel_err, spawn_and_read_json, write_rank_json  # noqa: E402
 from test_distributed_training_gpu import (BATCH, GRAD_TOL, LOSS_TOL, LR, PARAM_TOL, STEPS, build_model,  # noqa: E402
                                            global_batch)
 
@@ -93,8 +92,7 @@ def _worker(rank, init_file, out_dir):
                 same_names=sorted(grads) == sorted(ref_grads))
             del model, wrapped, params, run
             torch.cuda.empty_cache()
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(result, f)
+        write_rank_json(out_dir, rank, result)
     finally:
         dist.destroy_process_group()
 

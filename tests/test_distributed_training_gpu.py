@@ -16,7 +16,6 @@ process runs with NVLink multicast off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISAB
 NVSHMEM_DISABLE_NVLS=1): set in the parent before spawning, inherited by the children, checked in them.
 """
 
-import json
 import os
 
 import pytest
@@ -26,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from flashfuse.bench.suites.models import LLAMA_1B, _build
 from flashfuse.distributed.training import NVLS_OFF_ENV, fully_shard_transformer, num_items_in_batch
-from testing import rel_err, spawn_and_read_json  # noqa: E402
+from testing import rel_err, spawn_and_read_json, write_rank_json  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -131,8 +130,7 @@ def _worker(rank, init_file, out_dir):
             result[case] = dict(_errors(run, ref), losses=run[0])
             del model, run
             torch.cuda.empty_cache()
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(result, f)
+        write_rank_json(out_dir, rank, result)
     finally:
         dist.destroy_process_group()
 

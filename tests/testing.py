@@ -27,9 +27,18 @@ def spawn_nvls_off(worker, args, nprocs: int) -> None:
         mp.spawn(worker, args=args, nprocs=nprocs, join=True)
 
 
+def write_rank_json(out_dir: str, rank: int, result: dict) -> None:
+    """A worker's result, where spawn_and_read_json reads it."""
+    import json
+    import os
+
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
 def spawn_and_read_json(worker, tmp, nprocs: int) -> list:
     """spawn_nvls_off(worker, (tmp / "init", tmp), nprocs) for workers that rendezvous through the file
-    tmp / "init" and write tmp / "rank{r}.json"; returns the ranks' results in order, also printed (the
+    tmp / "init" and write their result with write_rank_json(tmp, rank, result); returns the ranks' results in order, also printed (the
     measured errors, for the log under pytest -s)."""
     import json
 
