@@ -32,10 +32,10 @@ import triton
 import triton.language as tl
 
 from ..._env import INTERPRET
-from .._triton import cdiv, dot
+from .._triton import cdiv, dot, ensure_tma_allocator
 from ._flash_common import LOG2E, kernel_options, key_block_phases, query_block_phases, score_mod, seq_bounds
 from .dropout import dropout_keep
-from .flash_fwd import head_dim_block
+from .flash_fwd import head_dim_block, tma_compatible
 
 
 @triton.jit
@@ -61,17 +61,20 @@ def _bwd_preprocess_kernel(p_o, p_do, p_delta, p_cu_seqlens_q,
 
 
 @triton.jit
-def _dkdv_query_blocks(dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base, start, end,
+def _dkdv_query_blocks(dk, dv, b_k, b_v, q_src, do_src, lse_base, delta_base, dq_dst, start, end,
                        shift, o_n, o_d, m_d, i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s,
                        stride_dqa_s, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
                        alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p,
                        MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                        BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                       ROTATE: tl.constexpr, BLOCK_M: tl.constexpr):
+                       ROTATE: tl.constexpr, USE_TMA: tl.constexpr, TMA_REDUCE: tl.constexpr,
+                       BLOCK_M: tl.constexpr):
     """dK, dV contributions of query blocks [start, end) of one query head, in the transposed layout
     (tiles are [BLOCK_N keys, BLOCK_M queries]) so no tile needs a transpose before its product.
-    ATOMIC_DQ: also add dQ_part = dS K of each tile into the fp32 buffer at dq_base (unscaled).
+    q_src / do_src: tensor descriptors over the head's [seqlen_q, BLOCK_D] rows (USE_TMA: TMA zero-fills
+    rows past seqlen_q) or its base pointers. ATOMIC_DQ: also add dQ_part = dS K of each tile into the
+    fp32 buffer dq_dst (unscaled; TMA_REDUCE: a descriptor, one bulk reduce-add per tile).
     ROTATE (block-aligned [start, end) only): visit the blocks starting ``shift`` rows in, wrapping
     around, so the key blocks of one head do not all add into the same dQ rows at the same time."""
     for i_m in range(start, end, BLOCK_M):
@@ -79,16 +82,21 @@ def _dkdv_query_blocks(dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, 
         if ROTATE:
             start_m = start + (i_m - start + shift) % (end - start)
         o_m = start_m + tl.arange(0, BLOCK_M)
+        if USE_TMA:
+            b_q = q_src.load([start_m, 0])
+            b_do = do_src.load([start_m, 0])
+        elif MASKED:
+            m_qd = (o_m < seqlen_q)[:, None] & m_d[None, :]
+            b_q = tl.load(q_src + o_m[:, None] * stride_q_s + o_d[None, :], mask=m_qd, other=0.0)
+            b_do = tl.load(do_src + o_m[:, None] * stride_do_s + o_d[None, :], mask=m_qd, other=0.0)
+        else:
+            b_q = tl.load(q_src + o_m[:, None] * stride_q_s + o_d[None, :], mask=m_d[None, :], other=0.0)
+            b_do = tl.load(do_src + o_m[:, None] * stride_do_s + o_d[None, :], mask=m_d[None, :], other=0.0)
         if MASKED:
             m_rows = o_m < seqlen_q
-            m_qd = m_rows[:, None] & m_d[None, :]
-            b_q = tl.load(q_base + o_m[:, None] * stride_q_s + o_d[None, :], mask=m_qd, other=0.0)
-            b_do = tl.load(do_base + o_m[:, None] * stride_do_s + o_d[None, :], mask=m_qd, other=0.0)
             lse2 = tl.load(lse_base + o_m, mask=m_rows, other=float("inf")) * LOG2E
             delta = tl.load(delta_base + o_m, mask=m_rows, other=0.0)
         else:
-            b_q = tl.load(q_base + o_m[:, None] * stride_q_s + o_d[None, :], mask=m_d[None, :], other=0.0)
-            b_do = tl.load(do_base + o_m[:, None] * stride_do_s + o_d[None, :], mask=m_d[None, :], other=0.0)
             lse2 = tl.load(lse_base + o_m) * LOG2E
             delta = tl.load(delta_base + o_m)
         qk_t = dot(b_k, tl.trans(b_q), tl.zeros([b_k.shape[0], BLOCK_M], dtype=tl.float32))  # [N, M]
@@ -114,11 +122,14 @@ def _dkdv_query_blocks(dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, 
             # [M, D] in the dot's accumulator layout: each thread holds runs of consecutive d, so the
             # adds can go out as vector reductions (red.global.add.v2/v4.f32 on sm_90).
             dq = dot(tl.trans(ds_t), b_k, tl.zeros([BLOCK_M, b_k.shape[1]], dtype=tl.float32))
-            p_dq = dq_base + o_m[:, None] * stride_dqa_s + o_d[None, :]
-            if MASKED:
-                tl.atomic_add(p_dq, dq, mask=(o_m[:, None] < seqlen_q) & m_d[None, :], sem="relaxed")
+            if TMA_REDUCE:
+                dq_dst.atomic_add([start_m, 0], dq)         # rows past seqlen_q are dropped (ds is 0 there)
             else:
-                tl.atomic_add(p_dq, dq, mask=m_d[None, :], sem="relaxed")
+                p_dq = dq_dst + o_m[:, None] * stride_dqa_s + o_d[None, :]
+                if MASKED:
+                    tl.atomic_add(p_dq, dq, mask=(o_m[:, None] < seqlen_q) & m_d[None, :], sem="relaxed")
+                else:
+                    tl.atomic_add(p_dq, dq, mask=m_d[None, :], sem="relaxed")
     return dk, dv
 
 
@@ -138,10 +149,12 @@ def _dkdv_program(
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr, STAGGER: tl.constexpr,
+    USE_TMA: tl.constexpr, TMA_REDUCE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
     """dK, dV of key block i_n of kv head i_hk, summed over the query heads of its GQA group
-    (ATOMIC_DQ: and every tile's dQ contribution, added into p_dqa)."""
+    (ATOMIC_DQ: and every tile's dQ contribution, added into p_dqa). USE_TMA (EVEN_D, not varlen): the streamed Q
+    and dO tiles through tensor descriptors."""
     q_start, seqlen_q = seq_bounds(p_cu_seqlens_q, i_b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = seq_bounds(p_cu_seqlens_k, i_b, seqlen_k, IS_VARLEN)
     n0 = i_n * BLOCK_N
@@ -171,6 +184,12 @@ def _dkdv_program(
         q_base = p_q + i_b64 * stride_q_b + q_start * stride_q_s + i_h * stride_q_h
         do_base = p_do + i_b64 * stride_do_b + q_start * stride_do_s + i_h * stride_do_h
         dq_base = p_dqa + i_b64 * stride_dqa_b + q_start * stride_dqa_s + i_h * stride_dqa_h
+        q_src, do_src, dq_dst = q_base, do_base, dq_base
+        if USE_TMA:
+            q_src = tl.make_tensor_descriptor(q_base, [seqlen_q, BLOCK_D], [stride_q_s, 1], [BLOCK_M, BLOCK_D])
+            do_src = tl.make_tensor_descriptor(do_base, [seqlen_q, BLOCK_D], [stride_do_s, 1], [BLOCK_M, BLOCK_D])
+        if TMA_REDUCE:
+            dq_dst = tl.make_tensor_descriptor(dq_base, [seqlen_q, BLOCK_D], [stride_dqa_s, 1], [BLOCK_M, BLOCK_D])
         lse_base = p_lse + i_b64 * stride_lse_b + i_h * stride_lse_h + q_start
         delta_base = p_delta + i_b64 * stride_lse_b + i_h * stride_lse_h + q_start
         alibi_slope_log2 = 0.0
@@ -180,23 +199,23 @@ def _dkdv_program(
         if HAS_BIAS:
             bias_base = p_bias + i_b64 * stride_bias_b + i_h * stride_bias_h
         dk, dv = _dkdv_query_blocks(
-            dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base, lo, full_lo, shift, o_n,
+            dk, dv, b_k, b_v, q_src, do_src, lse_base, delta_base, dq_dst, lo, full_lo, shift, o_n,
             o_d, m_d, i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s, stride_dqa_s, window_left,
             window_right, qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, bias_base,
             stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, False, BLOCK_M)
+            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, False, USE_TMA, TMA_REDUCE, BLOCK_M)
         dk, dv = _dkdv_query_blocks(
-            dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base, full_lo, full_hi, shift,
+            dk, dv, b_k, b_v, q_src, do_src, lse_base, delta_base, dq_dst, full_lo, full_hi, shift,
             o_n, o_d, m_d, i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s, stride_dqa_s, window_left,
             window_right, qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, bias_base,
             stride_bias_m, stride_bias_n, p_rng, dropout_p, False, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, STAGGER, BLOCK_M)
+            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, STAGGER, USE_TMA, TMA_REDUCE, BLOCK_M)
         dk, dv = _dkdv_query_blocks(
-            dk, dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base, full_hi, hi, shift, o_n,
+            dk, dv, b_k, b_v, q_src, do_src, lse_base, delta_base, dq_dst, full_hi, hi, shift, o_n,
             o_d, m_d, i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s, stride_dqa_s, window_left,
             window_right, qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, bias_base,
             stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, False, BLOCK_M)
+            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, False, USE_TMA, TMA_REDUCE, BLOCK_M)
 
     dk_off = i_b64 * stride_dk_b + k_start * stride_dk_s + i_hk * stride_dk_h
     dv_off = i_b64 * stride_dv_b + k_start * stride_dv_s + i_hk * stride_dv_h
@@ -207,22 +226,27 @@ def _dkdv_program(
 
 
 @triton.jit
-def _dq_key_blocks(dq, b_q, b_do, lse2, delta, k_base, v_base, start, end, o_m, o_d, m_d, i_bh,
+def _dq_key_blocks(dq, b_q, b_do, lse2, delta, k_src, v_src, start, end, o_m, o_d, m_d, i_bh,
                    seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale,
                    softcap_scale, softcap_log2, alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n,
                    p_rng, dropout_p, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
                    HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                    HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
-    """dQ contribution of key blocks [start, end)."""
+                   USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dQ contribution of key blocks [start, end); k_src / v_src: tensor descriptors (USE_TMA) or base
+    pointers."""
     for start_n in range(start, end, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)
-        if MASKED:
-            m_kv = (o_n[:, None] < seqlen_k) & m_d[None, :]
+        if USE_TMA:
+            b_k = k_src.load([start_n, 0])                                                     # [N, D]
+            b_v = v_src.load([start_n, 0])
         else:
-            m_kv = m_d[None, :]
-        b_k = tl.load(k_base + o_n[:, None] * stride_k_s + o_d[None, :], mask=m_kv, other=0.0)  # [N, D]
-        b_v = tl.load(v_base + o_n[:, None] * stride_v_s + o_d[None, :], mask=m_kv, other=0.0)  # [N, D]
+            if MASKED:
+                m_kv = (o_n[:, None] < seqlen_k) & m_d[None, :]
+            else:
+                m_kv = m_d[None, :]
+            b_k = tl.load(k_src + o_n[:, None] * stride_k_s + o_d[None, :], mask=m_kv, other=0.0)  # [N, D]
+            b_v = tl.load(v_src + o_n[:, None] * stride_v_s + o_d[None, :], mask=m_kv, other=0.0)
         qk = dot(b_q, tl.trans(b_k), tl.zeros([b_q.shape[0], BLOCK_N], dtype=tl.float32))     # [M, N]
         s2, tanh_s = score_mod(qk, o_m[:, None], o_n[None, :], seqlen_q, seqlen_k, window_left,
                                window_right, qk_scale, softcap_scale, softcap_log2, alibi_slope_log2,
@@ -253,10 +277,10 @@ def _dq_program(
     sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
-    """dQ of query block i_m of query head i_h."""
+    """dQ of query block i_m of query head i_h (USE_TMA: its K, V tiles through tensor descriptors)."""
     i_hk = i_h // group
     i_bh = i_b * nheads_q + i_h
     q_start, seqlen_q = seq_bounds(p_cu_seqlens_q, i_b, seqlen_q, IS_VARLEN)
@@ -283,6 +307,10 @@ def _dq_program(
     delta = tl.load(p_delta + lse_off + o_m, mask=m_rows, other=0.0)
     k_base = p_k + i_b64 * stride_k_b + k_start * stride_k_s + i_hk * stride_k_h
     v_base = p_v + i_b64 * stride_v_b + k_start * stride_v_s + i_hk * stride_v_h
+    k_src, v_src = k_base, v_base
+    if USE_TMA:
+        k_src = tl.make_tensor_descriptor(k_base, [seqlen_k, BLOCK_D], [stride_k_s, 1], [BLOCK_N, BLOCK_D])
+        v_src = tl.make_tensor_descriptor(v_base, [seqlen_k, BLOCK_D], [stride_v_s, 1], [BLOCK_N, BLOCK_D])
     alibi_slope_log2 = 0.0
     if HAS_ALIBI:
         alibi_slope_log2 = tl.load(p_alibi + i_b * stride_alibi_b + i_h) * LOG2E
@@ -292,21 +320,21 @@ def _dq_program(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, full_lo, full_hi, hi = key_block_phases(m0, seqlen_q, seqlen_k, window_left, window_right,
                                                 BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT)
-    dq = _dq_key_blocks(dq, b_q, b_do, lse2, delta, k_base, v_base, lo, full_lo, o_m, o_d, m_d, i_bh,
+    dq = _dq_key_blocks(dq, b_q, b_do, lse2, delta, k_src, v_src, lo, full_lo, o_m, o_d, m_d, i_bh,
                         seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale,
                         softcap_scale, softcap_log2, alibi_slope_log2, p_bias, stride_bias_m,
                         stride_bias_n, p_rng, dropout_p, True, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                        HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N)
-    dq = _dq_key_blocks(dq, b_q, b_do, lse2, delta, k_base, v_base, full_lo, full_hi, o_m, o_d, m_d,
+                        HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, USE_TMA, BLOCK_N)
+    dq = _dq_key_blocks(dq, b_q, b_do, lse2, delta, k_src, v_src, full_lo, full_hi, o_m, o_d, m_d,
                         i_bh, seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right,
                         qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, p_bias, stride_bias_m,
                         stride_bias_n, p_rng, dropout_p, False, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                        HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N)
-    dq = _dq_key_blocks(dq, b_q, b_do, lse2, delta, k_base, v_base, full_hi, hi, o_m, o_d, m_d, i_bh,
+                        HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, USE_TMA, BLOCK_N)
+    dq = _dq_key_blocks(dq, b_q, b_do, lse2, delta, k_src, v_src, full_hi, hi, o_m, o_d, m_d, i_bh,
                         seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale,
                         softcap_scale, softcap_log2, alibi_slope_log2, p_bias, stride_bias_m,
                         stride_bias_n, p_rng, dropout_p, True, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                        HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N)
+                        HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, USE_TMA, BLOCK_N)
     dq_off = i_b64 * stride_dq_b + q_start * stride_dq_s + i_h * stride_dq_h
     tl.store(p_dq + dq_off + o_m[:, None] * stride_dq_s + o_d[None, :], (dq * sm_scale).to(p_dq.dtype.element_ty),
              mask=m_qd)
@@ -327,7 +355,7 @@ def _flash_bwd_kernel(
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr, STAGGER: tl.constexpr,
-    HEADS_FIRST: tl.constexpr,
+    HEADS_FIRST: tl.constexpr, USE_TMA: tl.constexpr, TMA_REDUCE: tl.constexpr,
     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
     BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
@@ -341,7 +369,11 @@ def _flash_bwd_kernel(
     causal mask those are the heaviest programs (they see every query block), and concurrent programs
     of one head are few, so few of them add into the same dQ rows at once. Otherwise (num_kv_blocks,
     batch * nheads_k): the programs in flight share one or two heads, whose fp32 dQ (S x D x 4 bytes,
-    4 MB at S = 8192, hd128) then stays in L2; with STAGGER they add into different rows."""
+    4 MB at S = 8192, hd128) then stays in L2; with STAGGER they add into different rows.
+
+    USE_TMA: the tiles each program streams (Q, dO for dK/dV; K, V for dQ) come through tensor
+    descriptors (TMA), no address arithmetic or masks in the loops; TMA_REDUCE: the atomic path's dQ adds
+    go out as one bulk reduce-add per tile (cp.reduce.async.bulk.tensor) instead of per-thread atomics."""
     if ATOMIC_DQ and HEADS_FIRST:
         i_bhk = tl.program_id(0)
         pid = tl.program_id(1)
@@ -363,7 +395,7 @@ def _flash_bwd_kernel(
             nheads_q, group, seqlen_q, seqlen_k, head_dim,
             sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
             IS_VARLEN, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-            ATOMIC_DQ, STAGGER, BLOCK_M1, BLOCK_N1, BLOCK_D, EVEN_D)
+            ATOMIC_DQ, STAGGER, USE_TMA, TMA_REDUCE, BLOCK_M1, BLOCK_N1, BLOCK_D, EVEN_D)
     elif not ATOMIC_DQ:
         j = pid - num_kv_blocks
         i_m = num_q_blocks - 1 - j % num_q_blocks             # heaviest (causal) query blocks first
@@ -378,7 +410,7 @@ def _flash_bwd_kernel(
             nheads_q, group, seqlen_q, seqlen_k, head_dim,
             sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
             IS_VARLEN, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-            BLOCK_M2, BLOCK_N2, BLOCK_D, EVEN_D)
+            USE_TMA, BLOCK_M2, BLOCK_N2, BLOCK_D, EVEN_D)
 
 
 @triton.jit
@@ -440,6 +472,19 @@ def atomic_backward_config(head_dim_block: int, dtype: torch.dtype, score_extras
     return dict(BLOCK_M1=32 if score_extras else 64, BLOCK_N1=128, num_warps=8, num_stages=2, STAGGER=False)
 
 
+# Tensor-descriptor (TMA) tiles in the backward's loops (USE_TMA, see _flash_bwd_kernel) wherever they apply:
+# head dims that need no column mask (16, 32, 64, 128, 256), not varlen, 16-byte aligned rows.
+TMA_BACKWARD = True
+
+
+def _use_tma(q, k, v, dout, head_dim, block_d, is_varlen) -> bool:
+    if not TMA_BACKWARD or is_varlen or block_d != head_dim:
+        return False
+    if not INTERPRET and q.dtype not in (torch.float16, torch.bfloat16):
+        return False                      # measured in 16 bits; fp32 keeps the pointer loads
+    return tma_compatible(q, k, v, dout)
+
+
 # 2048 fp32 per program, 4 warps: 16 elements (four 16-byte vectors) per thread, enough in flight to
 # stream at the copy rate; the whole pass is ~1.5% of the backward at S = 8192 (6 bytes per dQ element).
 _CONVERT_BLOCK = 2048
@@ -496,6 +541,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
                           dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
                           cu_seqlens_k=cu_seqlens_k, dummy=dq)
     group = nheads_q // nheads_k
+    use_tma = _use_tma(q, k, v, dout, head_dim, block_d, is_varlen)
     if use_atomic:
         extras = softcap > 0 or alibi_slopes is not None or attn_bias is not None or dropout_p > 0 or window_left >= 0
         cfg = dict(config or atomic_backward_config(block_d, q.dtype, extras))
@@ -508,12 +554,17 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
         num_kv_blocks = cdiv(seqlen_k, cfg["BLOCK_N1"])
         num_q_blocks = cdiv(seqlen_q, cfg["BLOCK_M2"])
         grid = (num_kv_blocks + group * num_q_blocks, batch * nheads_k)
+    use_tma = cfg.pop("USE_TMA", True) and use_tma          # a config may turn it off (tuning)
+    if use_tma and not INTERPRET:
+        ensure_tma_allocator()
+    # The interpreter (triton 3.9) has no descriptor reduce: its atomic path adds with pointer atomics.
+    tma_reduce = use_tma and use_atomic and not INTERPRET
     _flash_bwd_kernel[grid](
         q, k, v, dout, lse, delta, dq, dk, dv, dq_acc, *opts.pointers,
         *q_s, *k_s, *v_s, *do_s, *dq_s, *dk_s, *dv_s, *dqa_s, *lse_strides, *opts.strides,
         nheads_q, nheads_k, group, seqlen_q, seqlen_k, head_dim, num_kv_blocks, num_q_blocks,
         softmax_scale, *opts.scalars, **opts.flags, ATOMIC_DQ=use_atomic, STAGGER=stagger,
-        HEADS_FIRST=heads_first, **cfg)
+        HEADS_FIRST=heads_first, USE_TMA=use_tma, TMA_REDUCE=tma_reduce, **cfg)
     if use_atomic:
         _dq_convert_kernel[(cdiv(dq.numel(), _CONVERT_BLOCK),)](dq_acc, dq, dq.numel(), softmax_scale,
                                                                 BLOCK=_CONVERT_BLOCK, num_warps=4)
