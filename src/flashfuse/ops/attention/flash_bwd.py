@@ -61,20 +61,19 @@ def _bwd_preprocess_kernel(p_o, p_do, p_delta, p_cu_seqlens_q,
 
 
 @triton.jit
-def _dkdv_query_blocks(dk, dv, b_k, b_v, q_src, do_src, lse_base, delta_base, dq_dst, start, end,
+def _dkdv_query_blocks(dk, dv, b_k, b_v, q_src, do_src, lse_base, delta_base, dq_base, start, end,
                        shift, o_n, o_d, m_d, i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s,
                        stride_dqa_s, window_left, window_right, qk_scale, softcap_scale, softcap_log2,
                        alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p,
                        MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                        BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                       ROTATE: tl.constexpr, USE_TMA: tl.constexpr, TMA_REDUCE: tl.constexpr,
-                       BLOCK_M: tl.constexpr):
+                       ROTATE: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr):
     """dK, dV contributions of query blocks [start, end) of one query head, in the transposed layout
     (tiles are [BLOCK_N keys, BLOCK_M queries]) so no tile needs a transpose before its product.
     q_src / do_src: tensor descriptors over the head's [seqlen_q, BLOCK_D] rows (USE_TMA: TMA zero-fills
     rows past seqlen_q) or its base pointers. ATOMIC_DQ: also add dQ_part = dS K of each tile into the
-    fp32 buffer dq_dst (unscaled; TMA_REDUCE: a descriptor, one bulk reduce-add per tile).
+    fp32 buffer at dq_base (unscaled).
     ROTATE (block-aligned [start, end) only): visit the blocks starting ``shift`` rows in, wrapping
     around, so the key blocks of one head do not all add into the same dQ rows at the same time."""
     for i_m in range(start, end, BLOCK_M):
@@ -122,14 +121,11 @@ def _dkdv_query_blocks(dk, dv, b_k, b_v, q_src, do_src, lse_base, delta_base, dq
             # [M, D] in the dot's accumulator layout: each thread holds runs of consecutive d, so the
             # adds can go out as vector reductions (red.global.add.v2/v4.f32 on sm_90).
             dq = dot(tl.trans(ds_t), b_k, tl.zeros([BLOCK_M, b_k.shape[1]], dtype=tl.float32))
-            if TMA_REDUCE:
-                dq_dst.atomic_add([start_m, 0], dq)         # rows past seqlen_q are dropped (ds is 0 there)
+            p_dq = dq_base + o_m[:, None] * stride_dqa_s + o_d[None, :]
+            if MASKED:
+                tl.atomic_add(p_dq, dq, mask=(o_m[:, None] < seqlen_q) & m_d[None, :], sem="relaxed")
             else:
-                p_dq = dq_dst + o_m[:, None] * stride_dqa_s + o_d[None, :]
-                if MASKED:
-                    tl.atomic_add(p_dq, dq, mask=(o_m[:, None] < seqlen_q) & m_d[None, :], sem="relaxed")
-                else:
-                    tl.atomic_add(p_dq, dq, mask=m_d[None, :], sem="relaxed")
+                tl.atomic_add(p_dq, dq, mask=m_d[None, :], sem="relaxed")
     return dk, dv
 
 
@@ -149,7 +145,7 @@ def _dkdv_program(
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr, STAGGER: tl.constexpr,
-    USE_TMA: tl.constexpr, TMA_REDUCE: tl.constexpr,
+    USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
     """dK, dV of key block i_n of kv head i_hk, summed over the query heads of its GQA group
@@ -184,12 +180,10 @@ def _dkdv_program(
         q_base = p_q + i_b64 * stride_q_b + q_start * stride_q_s + i_h * stride_q_h
         do_base = p_do + i_b64 * stride_do_b + q_start * stride_do_s + i_h * stride_do_h
         dq_base = p_dqa + i_b64 * stride_dqa_b + q_start * stride_dqa_s + i_h * stride_dqa_h
-        q_src, do_src, dq_dst = q_base, do_base, dq_base
+        q_src, do_src = q_base, do_base
         if USE_TMA:
             q_src = tl.make_tensor_descriptor(q_base, [seqlen_q, BLOCK_D], [stride_q_s, 1], [BLOCK_M, BLOCK_D])
             do_src = tl.make_tensor_descriptor(do_base, [seqlen_q, BLOCK_D], [stride_do_s, 1], [BLOCK_M, BLOCK_D])
-        if TMA_REDUCE:
-            dq_dst = tl.make_tensor_descriptor(dq_base, [seqlen_q, BLOCK_D], [stride_dqa_s, 1], [BLOCK_M, BLOCK_D])
         lse_base = p_lse + i_b64 * stride_lse_b + i_h * stride_lse_h + q_start
         delta_base = p_delta + i_b64 * stride_lse_b + i_h * stride_lse_h + q_start
         alibi_slope_log2 = 0.0
@@ -199,23 +193,23 @@ def _dkdv_program(
         if HAS_BIAS:
             bias_base = p_bias + i_b64 * stride_bias_b + i_h * stride_bias_h
         dk, dv = _dkdv_query_blocks(
-            dk, dv, b_k, b_v, q_src, do_src, lse_base, delta_base, dq_dst, lo, full_lo, shift, o_n,
+            dk, dv, b_k, b_v, q_src, do_src, lse_base, delta_base, dq_base, lo, full_lo, shift, o_n,
             o_d, m_d, i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s, stride_dqa_s, window_left,
             window_right, qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, bias_base,
             stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, False, USE_TMA, TMA_REDUCE, BLOCK_M)
+            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, False, USE_TMA, BLOCK_M)
         dk, dv = _dkdv_query_blocks(
-            dk, dv, b_k, b_v, q_src, do_src, lse_base, delta_base, dq_dst, full_lo, full_hi, shift,
+            dk, dv, b_k, b_v, q_src, do_src, lse_base, delta_base, dq_base, full_lo, full_hi, shift,
             o_n, o_d, m_d, i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s, stride_dqa_s, window_left,
             window_right, qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, bias_base,
             stride_bias_m, stride_bias_n, p_rng, dropout_p, False, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, STAGGER, USE_TMA, TMA_REDUCE, BLOCK_M)
+            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, STAGGER, USE_TMA, BLOCK_M)
         dk, dv = _dkdv_query_blocks(
-            dk, dv, b_k, b_v, q_src, do_src, lse_base, delta_base, dq_dst, full_hi, hi, shift, o_n,
+            dk, dv, b_k, b_v, q_src, do_src, lse_base, delta_base, dq_base, full_hi, hi, shift, o_n,
             o_d, m_d, i_bh, seqlen_q, seqlen_k, stride_q_s, stride_do_s, stride_dqa_s, window_left,
             window_right, qk_scale, softcap_scale, softcap_log2, alibi_slope_log2, bias_base,
             stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, False, USE_TMA, TMA_REDUCE, BLOCK_M)
+            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, ATOMIC_DQ, False, USE_TMA, BLOCK_M)
 
     dk_off = i_b64 * stride_dk_b + k_start * stride_dk_s + i_hk * stride_dk_h
     dv_off = i_b64 * stride_dv_b + k_start * stride_dv_s + i_hk * stride_dv_h
@@ -355,7 +349,7 @@ def _flash_bwd_kernel(
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr, STAGGER: tl.constexpr,
-    HEADS_FIRST: tl.constexpr, USE_TMA: tl.constexpr, TMA_REDUCE: tl.constexpr,
+    HEADS_FIRST: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
     BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
@@ -372,8 +366,7 @@ def _flash_bwd_kernel(
     4 MB at S = 8192, hd128) then stays in L2; with STAGGER they add into different rows.
 
     USE_TMA: the tiles each program streams (Q, dO for dK/dV; K, V for dQ) come through tensor
-    descriptors (TMA), no address arithmetic or masks in the loops; TMA_REDUCE: the atomic path's dQ adds
-    go out as one bulk reduce-add per tile (cp.reduce.async.bulk.tensor) instead of per-thread atomics."""
+    descriptors (TMA): no address arithmetic or masks in the loops, and a shared-memory pipeline."""
     if ATOMIC_DQ and HEADS_FIRST:
         i_bhk = tl.program_id(0)
         pid = tl.program_id(1)
@@ -395,7 +388,7 @@ def _flash_bwd_kernel(
             nheads_q, group, seqlen_q, seqlen_k, head_dim,
             sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
             IS_VARLEN, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-            ATOMIC_DQ, STAGGER, USE_TMA, TMA_REDUCE, BLOCK_M1, BLOCK_N1, BLOCK_D, EVEN_D)
+            ATOMIC_DQ, STAGGER, USE_TMA, BLOCK_M1, BLOCK_N1, BLOCK_D, EVEN_D)
     elif not ATOMIC_DQ:
         j = pid - num_kv_blocks
         i_m = num_q_blocks - 1 - j % num_q_blocks             # heaviest (causal) query blocks first
@@ -428,17 +421,23 @@ def _dq_convert_kernel(p_acc, p_dq, numel, sm_scale, BLOCK: tl.constexpr):
 def backward_config(head_dim_block: int, dtype: torch.dtype) -> dict:
     """Tiles of the two program kinds: dK/dV holds BLOCK_N1 keys (and two [BLOCK_N1, D] fp32
     accumulators) and streams BLOCK_M1 queries; dQ holds BLOCK_M2 queries and streams BLOCK_N2 keys.
-    Chosen by timing on an H200 among configs screened for register spills (benchmarks/NOTES.md)."""
+    Chosen by timing on an H200 among configs screened for register spills (benchmarks/NOTES.md).
+    USE_TMA: tensor-descriptor tiles where they apply (_tma_applies) and measured faster. The interpreter
+    takes them wherever they apply, so the CPU tier runs both load paths."""
     if INTERPRET:
-        return dict(BLOCK_M1=32, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=32, num_warps=4, num_stages=1)
+        return dict(BLOCK_M1=32, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=32, num_warps=4, num_stages=1, USE_TMA=True)
     if dtype == torch.float32:           # tf32x3 dots hold three operand copies: smaller tiles
         return dict(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1)
     if head_dim_block <= 64:
-        return dict(BLOCK_M1=32, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, num_warps=4, num_stages=3)
+        # TMA tiles: H200, bf16, 16384 tokens, hd64 (tune_flash_bwd.py, session 9) 5-10% faster than pointer
+        # loads at S = 2048..8192 (S = 8192: 7901 vs 8425 us, causal 4079 vs 4317; S = 4096: 3904 vs 4275).
+        # ptxas: 0 bytes of spill (pointer loads 52), 66 KB of shared memory (the Q / dO pipeline).
+        return dict(BLOCK_M1=32, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, num_warps=4, num_stages=3, USE_TMA=True)
     if head_dim_block <= 128:
         # FlexAttention's sm_90 backward tiles. A third stage: H200, bf16, 16384 tokens, S = 2048..8192
         # (benchmarks/tune_flash_bwd.py, session 5) 1-5% faster than 2 stages (S = 8192: 6574 vs 6768 us,
-        # causal 3609 vs 3794).
+        # causal 3609 vs 3794). Pointer loads: TMA tiles measured 12-14% slower here (session 9, S = 8192:
+        # 7673 vs 6704 us, causal 4182 vs 3552; 2 stages or 64 x 64 tiles with TMA no better).
         return dict(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=3)
     return dict(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1)
 
@@ -449,7 +448,10 @@ def backward_config(head_dim_block: int, dtype: torch.dtype) -> dict:
 # 128 keys per program. Measured slower than the deterministic grid (H200, bf16, 16384 tokens, session 5,
 # best of 8 configs per shape): hd128 S = 8192 7713 vs 6574 us (causal 3755 vs 3609), hd64 8552 vs 8081
 # (causal 4292 vs 4395: its one win); the extra [BLOCK_M1, D] product and the adds cost more than the two
-# recomputed products save at these tiles. Kept, tested on both tiers, for a TMA-reduce version. Before
+# recomputed products save at these tiles. Session 9 measured it again with TMA tiles and dQ added by TMA
+# bulk reduce-adds (one cp.reduce.async.bulk per tile instead of per-thread atomics): still slower, hd128
+# S = 8192 8425 us at its best tile (32 x 128, 8 warps, 3 stages) vs 6704, hd64 8301 vs 7901; the reduce
+# version was removed. Kept (pointer atomics), tested on both tiers. Before
 # turning it on by default: the custom op (interface.py) does not pass flash_attn_func's ``deterministic``
 # down to flash_attn_backward yet, so every call, deterministic=True included, would take the atomic path.
 ATOMIC_DQ = False
@@ -465,23 +467,20 @@ def atomic_backward_config(head_dim_block: int, dtype: torch.dtype, score_extras
     Starting points (FA3's hd128 backward tile is 64 queries x 128 keys, 8 warps) for the H200 sweep in
     benchmarks/tune_flash_bwd.py; the choice is the lead's once measured."""
     if INTERPRET:
-        return dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=True)
+        return dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=True, USE_TMA=True)
     if dtype == torch.float32 or head_dim_block > 128:     # tf32x3 operands / wide rows: small tiles
         return dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=False)
     # ptxas (sm_90, bf16, no extras): 64x128 / 8 warps -> hd64 242 regs no spill, hd128 112 bytes of spill.
     return dict(BLOCK_M1=32 if score_extras else 64, BLOCK_N1=128, num_warps=8, num_stages=2, STAGGER=False)
 
 
-# Tensor-descriptor (TMA) tiles in the backward's loops (USE_TMA, see _flash_bwd_kernel) wherever they apply:
-# head dims that need no column mask (16, 32, 64, 128, 256), not varlen, 16-byte aligned rows.
-TMA_BACKWARD = True
-
-
-def _use_tma(q, k, v, dout, head_dim, block_d, is_varlen) -> bool:
-    if not TMA_BACKWARD or is_varlen or block_d != head_dim:
+def _tma_applies(q, k, v, dout, head_dim, block_d, is_varlen) -> bool:
+    """Where a config's USE_TMA may take effect: head dims that need no column mask (16, 32, 64, 128,
+    256), not varlen, 16-bit inputs (fp32 only in the interpreter), 16-byte aligned rows."""
+    if is_varlen or block_d != head_dim:
         return False
     if not INTERPRET and q.dtype not in (torch.float16, torch.bfloat16):
-        return False                      # measured in 16 bits; fp32 keeps the pointer loads
+        return False
     return tma_compatible(q, k, v, dout)
 
 
@@ -541,7 +540,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
                           dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
                           cu_seqlens_k=cu_seqlens_k, dummy=dq)
     group = nheads_q // nheads_k
-    use_tma = _use_tma(q, k, v, dout, head_dim, block_d, is_varlen)
+    use_tma = _tma_applies(q, k, v, dout, head_dim, block_d, is_varlen)
     if use_atomic:
         extras = softcap > 0 or alibi_slopes is not None or attn_bias is not None or dropout_p > 0 or window_left >= 0
         cfg = dict(config or atomic_backward_config(block_d, q.dtype, extras))
@@ -554,17 +553,15 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
         num_kv_blocks = cdiv(seqlen_k, cfg["BLOCK_N1"])
         num_q_blocks = cdiv(seqlen_q, cfg["BLOCK_M2"])
         grid = (num_kv_blocks + group * num_q_blocks, batch * nheads_k)
-    use_tma = cfg.pop("USE_TMA", True) and use_tma          # a config may turn it off (tuning)
+    use_tma = cfg.pop("USE_TMA", False) and use_tma
     if use_tma and not INTERPRET:
         ensure_tma_allocator()
-    # The interpreter (triton 3.9) has no descriptor reduce: its atomic path adds with pointer atomics.
-    tma_reduce = use_tma and use_atomic and not INTERPRET
     _flash_bwd_kernel[grid](
         q, k, v, dout, lse, delta, dq, dk, dv, dq_acc, *opts.pointers,
         *q_s, *k_s, *v_s, *do_s, *dq_s, *dk_s, *dv_s, *dqa_s, *lse_strides, *opts.strides,
         nheads_q, nheads_k, group, seqlen_q, seqlen_k, head_dim, num_kv_blocks, num_q_blocks,
         softmax_scale, *opts.scalars, **opts.flags, ATOMIC_DQ=use_atomic, STAGGER=stagger,
-        HEADS_FIRST=heads_first, USE_TMA=use_tma, TMA_REDUCE=tma_reduce, **cfg)
+        HEADS_FIRST=heads_first, USE_TMA=use_tma, **cfg)
     if use_atomic:
         _dq_convert_kernel[(cdiv(dq.numel(), _CONVERT_BLOCK),)](dq_acc, dq, dq.numel(), softmax_scale,
                                                                 BLOCK=_CONVERT_BLOCK, num_warps=4)
