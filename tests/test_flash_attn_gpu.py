@@ -426,10 +426,10 @@ def test_fast_forward_configs_gpu(monkeypatch, headdim, spec, dtype, seqlens, he
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_fast_forward_table_gpu(monkeypatch, causal):
     """FAST_CONFIGS at a benchmark shape (16384 tokens, model dim 2048, hd 128, S = 4096): the launcher picks
-    the fast kernel by itself (the pointer kernel removed); output within bf16 rounding of SDPA's math
-    backend in fp32."""
+    the fast kernel by itself (the pointer kernel removed) from its shortest key loop on; output within bf16
+    rounding of SDPA's math backend in fp32."""
     monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
-    headdim, seqlen = 128, flash_fwd.FAST_MIN_SEQLEN_K
+    headdim, seqlen = 128, flash_fwd.FAST_MIN_SEQLEN_K[causal]
     q, k, v = (torch.randn(16384 // seqlen, seqlen, 2048 // headdim, headdim, device="cuda", dtype=BF16)
                for _ in range(3))
     out = flash_attn_func(q, k, v, causal=causal)
@@ -445,7 +445,7 @@ def test_fast_forward_graph_compile_thread_gpu(monkeypatch):
     import threading
 
     monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
-    q, k, v = (torch.randn(1, flash_fwd.FAST_MIN_SEQLEN_K, 16, 128, device="cuda", dtype=BF16) for _ in range(3))
+    q, k, v = (torch.randn(1, flash_fwd.FAST_MIN_SEQLEN_K[True], 16, 128, device="cuda", dtype=BF16) for _ in range(3))
     eager = flash_attn_func(q, k, v, causal=True)
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     with torch.cuda.stream(stream):

@@ -88,16 +88,18 @@ def test_fast_forward_plan(monkeypatch):
 
 
 def test_fast_forward_config_table(monkeypatch):
-    """Compiled-GPU table: head dim 128 (causal or not) takes the fast kernel from FAST_MIN_SEQLEN_K keys on;
-    head dim 64, shorter key loops and small grids keep the pointer kernel (measured faster there)."""
+    """Compiled-GPU table: head dim 128 takes the fast kernel from FAST_MIN_SEQLEN_K[causal] keys on (2048
+    without a mask, 4096 causal: measured); head dim 64, shorter key loops and small grids keep the pointer
+    kernel (measured faster there)."""
     monkeypatch.setattr(flash_fwd, "INTERPRET", False)
-    long = flash_fwd.FAST_MIN_SEQLEN_K
+    assert flash_fwd.FAST_MIN_SEQLEN_K == {False: 2048, True: 4096}
     for causal in (False, True):
+        long = flash_fwd.FAST_MIN_SEQLEN_K[causal]
         c = flash_fwd.fast_forward_config(128, causal, long, long, 64, 132)
         assert set(c) == {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "SPLIT_M", "USE_TMA"}, c
         assert flash_fwd.fast_forward_config(64, causal, long, long, 64, 132) is None
         assert flash_fwd.fast_forward_config(128, causal, long, long // 2, 64, 132) is None
-    assert flash_fwd.fast_forward_config(128, False, long, long, 4, 132) is None        # 128 programs
+        assert flash_fwd.fast_forward_config(128, causal, long, long, 4, 132) is None    # under 2 waves
 
 
 def test_tma_allocator_set_once():

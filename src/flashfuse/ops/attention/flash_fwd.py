@@ -410,11 +410,11 @@ def forward_config(width: int, dtype: torch.dtype, windowed: bool, has_bias: boo
 
 # The fast path (_flash_fwd_fast_kernel) for long sequences; False: the kernel above everywhere.
 FAST_FORWARD = True
-# Key loops at least this long take it. Measured (H200, bf16, 16384 tokens, benchmarks/tune_flash_fwd.py,
-# session 5): hd128 at S = 4096 / 8192 508 / 532 TFLOP/s vs 472 / 490 (causal 428 / 484 vs 408 / 443); at
-# S = 2048 the 2-stage TMA tile lost (392 vs 445, causal 301 vs 359), so shorter loops stay on the pointer
-# kernel.
-FAST_MIN_SEQLEN_K = 4096
+# Key loops at least this long take it, per causal flag. Measured (H200, bf16, 16384 tokens,
+# benchmarks/tune_flash_fwd.py): hd128 at S = 4096 / 8192 508 / 532 TFLOP/s vs 472 / 490 (causal 428 / 484 vs
+# 408 / 443; session 5). At S = 2048 (session 9, 3 stages) the fast kernel wins without a mask, 471.5 vs 449.5,
+# and loses under a causal one, 353 vs 369 (with 2 stages it lost both: 381 and 291).
+FAST_MIN_SEQLEN_K = {False: 2048, True: 4096}
 
 
 def _fast(bm, bn, warps, stages, split=False, tma=True):
@@ -434,13 +434,13 @@ FAST_CONFIGS = {
 def fast_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int,
                         programs_per_row_block: int, num_sms: int = 132):
     """The fast kernel's config, or None where the pointer kernel measured faster: head dims without a
-    FAST_CONFIGS entry, key loops shorter than FAST_MIN_SEQLEN_K, grids under two waves of 128-row blocks
+    FAST_CONFIGS entry, key loops shorter than FAST_MIN_SEQLEN_K[causal], grids under two waves of 128-row blocks
     (forward_config's small-shape tiles). The interpreter gets 32 x 32 tiles split in two 16-row halves,
     so every piece of the kernel runs on the CPU tier."""
     if INTERPRET:
         return _fast(32, 32, 4, 1, split=True)
     key = (head_dim, causal)
-    if key not in FAST_CONFIGS or seqlen_k < FAST_MIN_SEQLEN_K:
+    if key not in FAST_CONFIGS or seqlen_k < FAST_MIN_SEQLEN_K[causal]:
         return None
     if cdiv(seqlen_q, 128) * programs_per_row_block < 2 * num_sms:
         return None
