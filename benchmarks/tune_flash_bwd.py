@@ -43,36 +43,47 @@ TOKENS, MODEL_DIM = 16384, 2048
 SEQLENS = (2048, 4096, 8192)
 
 
-def det(m1, n1, m2, n2, w, s, tma=True):
-    return dict(BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2, num_warps=w, num_stages=s, USE_TMA=tma)
+def det(m1, n1, m2, n2, w, s, tma=(True, True)):
+    """tma: (TMA_DKDV, TMA_DQ), tensor-descriptor tiles in each kind of program."""
+    return dict(BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2, num_warps=w, num_stages=s, TMA_DKDV=tma[0],
+                TMA_DQ=tma[1])
 
 
 def atomic(m1, n1, w, s, stagger=False, heads_first=True, tma=True):
     return dict(BLOCK_M1=m1, BLOCK_N1=n1, num_warps=w, num_stages=s, STAGGER=stagger, HEADS_FIRST=heads_first,
-                USE_TMA=tma)
+                TMA_DKDV=tma)
+
+
+def _tma_suffix(c):
+    kinds = [k for k, key in (("dkdv", "TMA_DKDV"), ("dq", "TMA_DQ")) if c.get(key)]
+    return "" if len(kinds) == (2 if "BLOCK_M2" in c else 1) else "-tma" + "+".join(kinds) if kinds else "-ptr"
 
 
 def _name(prefix, c):
     if "BLOCK_M2" in c:
         return (f"{prefix}-{c['BLOCK_M1']}x{c['BLOCK_N1']}+{c['BLOCK_M2']}x{c['BLOCK_N2']}"
-                f"w{c['num_warps']}s{c['num_stages']}" + ("" if c.get("USE_TMA", True) else "-ptr"))
+                f"w{c['num_warps']}s{c['num_stages']}" + _tma_suffix(c))
     return (f"{prefix}-{c['BLOCK_M1']}x{c['BLOCK_N1']}w{c['num_warps']}s{c['num_stages']}"
             + ("-st" if c["STAGGER"] else "") + ("" if c.get("HEADS_FIRST", True) else "-kv")
-            + ("" if c.get("USE_TMA", True) else "-ptr"))
+            + _tma_suffix(c))
 
 
 # Candidates, screened offline for compile errors and register spills (sm_90a, triton 3.6, ptxas -v with
 # the launch's divisibility-16 specialization; numbers in the session report / benchmarks/NOTES.md).
 # FlexAttention sm_90 (torch template_heuristics, CUDAConfigHeuristic): 64 <= D <= 128 -> M1 64, N1 128,
 # M2 128, N2 64, 3 stages, 8 warps. Triton tutorial 06: 32, 128, 128, 32, 4 warps, 5 stages.
-# Session 9: USE_TMA (tensor-descriptor tiles; the atomic path's dQ as TMA reduce-adds) is the default where it
-# applies; ``-ptr`` = the same tiles with pointer loads (the session 5 kernel). ptxas spill bytes (hd64 / hd128,
-# non-causal): det 32x64+64x64 w4s3 TMA 0 (ptr 52); det 64x128+128x64 w8s3 TMA 660 / 804 (ptr - / 1208), w8s2
-# hd128 440; atomic TMA 64x128 w8s2 (the default) 60 / 1040, 32x128 w8s2 - / 300, 32x128 w4s3 432 / -, 64x64 w4 s3 / s2 604 / 332.
+# Session 9: TMA_DKDV / TMA_DQ = tensor-descriptor tiles in the dK/dV / dQ programs (``-ptr`` neither,
+# ``-tmadkdv`` / ``-tmadq`` one of them; no suffix: all that the grid has). ptxas spill bytes (hd64 / hd128, non-causal,
+# both kinds on TMA): det 32x64+64x64 w4s3 0 (ptr 52); det 64x128+128x64 w8s3 660 / 804 (ptr - / 1208), w8s2 hd128
+# 440; atomic 64x128 w8s2 60 / 1040, 32x128 w8s2 - / 300, 32x128 w4s3 432 / -, 64x64 w4 s3 / s2 604 / 332.
+# First sweep (tune_flash_bwd.log of session 9): TMA in both kinds 5-10% faster at hd64, 12-14% slower at hd128;
+# the atomic path (then with TMA bulk reduce-adds for dQ) slower everywhere. Second sweep: one kind at a time.
 DET = {
-    64: [det(32, 64, 64, 64, 4, 3, tma=False), det(64, 128, 128, 64, 8, 3), det(32, 64, 64, 64, 4, 2),
+    64: [det(32, 64, 64, 64, 4, 3, tma=(False, False)), det(32, 64, 64, 64, 4, 3, tma=(True, False)),
+         det(32, 64, 64, 64, 4, 3, tma=(False, True)), det(64, 128, 128, 64, 8, 3), det(32, 64, 64, 64, 4, 2),
          det(32, 128, 128, 32, 4, 3)],
-    128: [det(64, 128, 128, 64, 8, 3, tma=False), det(64, 128, 128, 64, 8, 2), det(64, 64, 64, 64, 4, 2)],
+    128: [det(64, 128, 128, 64, 8, 3, tma=(True, False)), det(64, 128, 128, 64, 8, 3, tma=(False, True)),
+          det(64, 128, 128, 64, 8, 3), det(64, 128, 128, 64, 8, 2), det(64, 64, 64, 64, 4, 2)],
 }
 ATOMIC = {
     64: [atomic(32, 128, 4, 3), atomic(64, 64, 4, 3), atomic(64, 128, 8, 2, tma=False)],

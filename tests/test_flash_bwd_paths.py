@@ -127,10 +127,11 @@ def test_backward_config_tables(monkeypatch):
     for dtype in (F16, BF16, F32):
         for block_d in (16, 32, 64, 128, 256):
             det = flash_bwd.backward_config(block_d, dtype)
-            assert set(det) - {"USE_TMA"} == {"BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_warps",
-                                              "num_stages"}, det
+            assert set(det) - {"TMA_DKDV", "TMA_DQ"} == {"BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2",
+                                                        "num_warps", "num_stages"}, det
             # TMA tiles where measured faster (H200, session 9): 16-bit head dims <= 64, not 128.
-            assert det.get("USE_TMA", False) == (dtype != F32 and block_d <= 64), det
+            tma = dtype != F32 and block_d <= 64
+            assert (det.get("TMA_DKDV", False), det.get("TMA_DQ", False)) == (tma, tma), det
             for extras in (False, True):
                 c = flash_bwd.atomic_backward_config(block_d, dtype, extras)
                 assert set(c) == {"BLOCK_M1", "BLOCK_N1", "num_warps", "num_stages", "STAGGER"}, c
@@ -143,20 +144,22 @@ def test_backward_config_tables(monkeypatch):
 @pytest.mark.parametrize("headdim", [16, 64])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_tma_backward_matches_pointer_loads(device, headdim, causal):
-    """Tensor-descriptor tiles (USE_TMA: head dims with no column mask, not varlen) against the pointer
-    loads, on both grids, with odd lengths and GQA (TMA zero-fills the rows past each sequence's end
-    where the pointer loads mask them): the same gradients, bit for bit on the deterministic grid."""
+    """Tensor-descriptor tiles (TMA_DKDV / TMA_DQ: head dims with no column mask, not varlen) against the
+    pointer loads, on both grids and in either kind of program alone, with odd lengths and GQA (TMA
+    zero-fills the rows past each sequence's end where the pointer loads mask them): the same gradients,
+    bit for bit on the deterministic grid."""
     q, k, v = (torch.randn(2, s, h, headdim, device=device) for s, h in ((53, 4), (70, 2), (70, 2)))
     dout = torch.randn_like(q)
     assert flash_bwd._tma_applies(q, k, v, dout, headdim, headdim, is_varlen=False)
     assert not flash_bwd._tma_applies(q, k, v, dout, headdim, headdim, is_varlen=True)
     det = dict(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1)
     atomic = dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=True)
-    for deterministic, config in ((True, det), (False, atomic)):
+    runs = [(True, det, True, True), (True, det, True, False), (True, det, False, True), (False, atomic, True, False)]
+    for deterministic, config, tma_dkdv, tma_dq in runs:
         tma = _launcher_grads(q, k, v, dout, causal, deterministic=deterministic, atomic_dq=True,
-                              config=dict(config, USE_TMA=True))
+                              config=dict(config, TMA_DKDV=tma_dkdv, TMA_DQ=tma_dq))
         ptr = _launcher_grads(q, k, v, dout, causal, deterministic=deterministic, atomic_dq=True,
-                              config=dict(config, USE_TMA=False))
+                              config=config)
         for name, a, b in zip(("dq", "dk", "dv"), tma, ptr):
             assert_finite(name, a)
             if deterministic:

@@ -349,7 +349,7 @@ def _flash_bwd_kernel(
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr, STAGGER: tl.constexpr,
-    HEADS_FIRST: tl.constexpr, USE_TMA: tl.constexpr,
+    HEADS_FIRST: tl.constexpr, TMA_DKDV: tl.constexpr, TMA_DQ: tl.constexpr,
     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
     BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
@@ -365,8 +365,9 @@ def _flash_bwd_kernel(
     batch * nheads_k): the programs in flight share one or two heads, whose fp32 dQ (S x D x 4 bytes,
     4 MB at S = 8192, hd128) then stays in L2; with STAGGER they add into different rows.
 
-    USE_TMA: the tiles each program streams (Q, dO for dK/dV; K, V for dQ) come through tensor
-    descriptors (TMA): no address arithmetic or masks in the loops, and a shared-memory pipeline."""
+    TMA_DKDV / TMA_DQ: the tiles that kind of program streams (Q, dO for dK/dV; K, V for dQ) come
+    through tensor descriptors (TMA): no address arithmetic or masks in the loops, and a shared-memory
+    pipeline."""
     if ATOMIC_DQ and HEADS_FIRST:
         i_bhk = tl.program_id(0)
         pid = tl.program_id(1)
@@ -388,7 +389,7 @@ def _flash_bwd_kernel(
             nheads_q, group, seqlen_q, seqlen_k, head_dim,
             sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
             IS_VARLEN, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-            ATOMIC_DQ, STAGGER, USE_TMA, BLOCK_M1, BLOCK_N1, BLOCK_D, EVEN_D)
+            ATOMIC_DQ, STAGGER, TMA_DKDV, BLOCK_M1, BLOCK_N1, BLOCK_D, EVEN_D)
     elif not ATOMIC_DQ:
         j = pid - num_kv_blocks
         i_m = num_q_blocks - 1 - j % num_q_blocks             # heaviest (causal) query blocks first
@@ -403,7 +404,7 @@ def _flash_bwd_kernel(
             nheads_q, group, seqlen_q, seqlen_k, head_dim,
             sm_scale, qk_scale, softcap_scale, softcap_log2, window_left, window_right, dropout_p,
             IS_VARLEN, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-            USE_TMA, BLOCK_M2, BLOCK_N2, BLOCK_D, EVEN_D)
+            TMA_DQ, BLOCK_M2, BLOCK_N2, BLOCK_D, EVEN_D)
 
 
 @triton.jit
@@ -422,17 +423,20 @@ def backward_config(head_dim_block: int, dtype: torch.dtype) -> dict:
     """Tiles of the two program kinds: dK/dV holds BLOCK_N1 keys (and two [BLOCK_N1, D] fp32
     accumulators) and streams BLOCK_M1 queries; dQ holds BLOCK_M2 queries and streams BLOCK_N2 keys.
     Chosen by timing on an H200 among configs screened for register spills (benchmarks/NOTES.md).
-    USE_TMA: tensor-descriptor tiles where they apply (_tma_applies) and measured faster. The interpreter
-    takes them wherever they apply, so the CPU tier runs both load paths."""
+    TMA_DKDV / TMA_DQ: tensor-descriptor tiles in that kind of program, where they apply (_tma_applies)
+    and measured faster. The interpreter takes them wherever they apply, so the CPU tier runs both load
+    paths."""
     if INTERPRET:
-        return dict(BLOCK_M1=32, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=32, num_warps=4, num_stages=1, USE_TMA=True)
+        return dict(BLOCK_M1=32, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=32, num_warps=4, num_stages=1, TMA_DKDV=True,
+                    TMA_DQ=True)
     if dtype == torch.float32:           # tf32x3 dots hold three operand copies: smaller tiles
         return dict(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1)
     if head_dim_block <= 64:
         # TMA tiles: H200, bf16, 16384 tokens, hd64 (tune_flash_bwd.py, session 9) 5-10% faster than pointer
         # loads at S = 2048..8192 (S = 8192: 7901 vs 8425 us, causal 4079 vs 4317; S = 4096: 3904 vs 4275).
         # ptxas: 0 bytes of spill (pointer loads 52), 66 KB of shared memory (the Q / dO pipeline).
-        return dict(BLOCK_M1=32, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, num_warps=4, num_stages=3, USE_TMA=True)
+        return dict(BLOCK_M1=32, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, num_warps=4, num_stages=3, TMA_DKDV=True,
+                    TMA_DQ=True)
     if head_dim_block <= 128:
         # FlexAttention's sm_90 backward tiles. A third stage: H200, bf16, 16384 tokens, S = 2048..8192
         # (benchmarks/tune_flash_bwd.py, session 5) 1-5% faster than 2 stages (S = 8192: 6574 vs 6768 us,
@@ -467,7 +471,7 @@ def atomic_backward_config(head_dim_block: int, dtype: torch.dtype, score_extras
     Starting points (FA3's hd128 backward tile is 64 queries x 128 keys, 8 warps) for the H200 sweep in
     benchmarks/tune_flash_bwd.py; the choice is the lead's once measured."""
     if INTERPRET:
-        return dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=True, USE_TMA=True)
+        return dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=True, TMA_DKDV=True)
     if dtype == torch.float32 or head_dim_block > 128:     # tf32x3 operands / wide rows: small tiles
         return dict(BLOCK_M1=16, BLOCK_N1=32, num_warps=4, num_stages=1, STAGGER=False)
     # ptxas (sm_90, bf16, no extras): 64x128 / 8 warps -> hd64 242 regs no spill, hd128 112 bytes of spill.
@@ -475,7 +479,7 @@ def atomic_backward_config(head_dim_block: int, dtype: torch.dtype, score_extras
 
 
 def _tma_applies(q, k, v, dout, head_dim, block_d, is_varlen) -> bool:
-    """Where a config's USE_TMA may take effect: head dims that need no column mask (16, 32, 64, 128,
+    """Where a config's TMA_DKDV / TMA_DQ may take effect: head dims that need no column mask (16, 32, 64, 128,
     256), not varlen, 16-bit inputs (fp32 only in the interpreter), 16-byte aligned rows."""
     if is_varlen or block_d != head_dim:
         return False
@@ -553,15 +557,15 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
         num_kv_blocks = cdiv(seqlen_k, cfg["BLOCK_N1"])
         num_q_blocks = cdiv(seqlen_q, cfg["BLOCK_M2"])
         grid = (num_kv_blocks + group * num_q_blocks, batch * nheads_k)
-    use_tma = cfg.pop("USE_TMA", False) and use_tma
-    if use_tma and not INTERPRET:
+    tma_dkdv, tma_dq = cfg.pop("TMA_DKDV", False) and use_tma, cfg.pop("TMA_DQ", False) and use_tma
+    if (tma_dkdv or tma_dq) and not INTERPRET:
         ensure_tma_allocator()
     _flash_bwd_kernel[grid](
         q, k, v, dout, lse, delta, dq, dk, dv, dq_acc, *opts.pointers,
         *q_s, *k_s, *v_s, *do_s, *dq_s, *dk_s, *dv_s, *dqa_s, *lse_strides, *opts.strides,
         nheads_q, nheads_k, group, seqlen_q, seqlen_k, head_dim, num_kv_blocks, num_q_blocks,
         softmax_scale, *opts.scalars, **opts.flags, ATOMIC_DQ=use_atomic, STAGGER=stagger,
-        HEADS_FIRST=heads_first, USE_TMA=use_tma, **cfg)
+        HEADS_FIRST=heads_first, TMA_DKDV=tma_dkdv, TMA_DQ=tma_dq, **cfg)
     if use_atomic:
         _dq_convert_kernel[(cdiv(dq.numel(), _CONVERT_BLOCK),)](dq_acc, dq, dq.numel(), softmax_scale,
                                                                 BLOCK=_CONVERT_BLOCK, num_warps=4)
