@@ -44,6 +44,12 @@ SHAPES = [
     ("sd-mid-cross", 2, 64, 77, 8, 160),
     ("guard-hd64", 4, 4096, 4096, 32, 64),
     ("guard-hd128", 4, 4096, 4096, 32, 128),
+    # flash-attn's benchmark at short sequences (16384 tokens, model dim 2048; session 9): where the bench has
+    # the forward at 0.98-1.3x FA2 (S = 512 / 1024), `--only bench-hd128-S512,...`
+    ("bench-hd64-S512", 32, 512, 512, 32, 64),
+    ("bench-hd64-S1024", 16, 1024, 1024, 32, 64),
+    ("bench-hd128-S512", 32, 512, 512, 16, 128),
+    ("bench-hd128-S1024", 16, 1024, 1024, 16, 128),
 ]
 
 
@@ -65,6 +71,10 @@ CANDIDATES = {
     "sd-mid-cross": [cfg(32, 32, 4, 2)],
     "guard-hd64": [],
     "guard-hd128": [],
+    "bench-hd64-S512": [cfg(128, 64, 8, 2), cfg(128, 128, 8, 2), cfg(64, 128, 4, 2), cfg(128, 64, 4, 2)],
+    "bench-hd64-S1024": [cfg(128, 128, 8, 2), cfg(64, 128, 4, 2), cfg(128, 64, 8, 2), cfg(64, 64, 4, 3)],
+    "bench-hd128-S512": [cfg(128, 128, 8, 2), cfg(128, 64, 8, 2), cfg(64, 128, 4, 2), cfg(64, 64, 4, 3)],
+    "bench-hd128-S1024": [cfg(128, 64, 8, 3), cfg(128, 128, 8, 2), cfg(64, 128, 4, 2), cfg(64, 64, 4, 2)],
 }
 
 
