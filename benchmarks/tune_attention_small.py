@@ -60,7 +60,9 @@ def cfg(bm, bn, w, s):
 # Candidate tiles per shape (with the split head dim), screened offline for register spills: ptxas -v on
 # the sm_90a build with triton 3.6 (.gpu/cc_fwd_small.py). The shipped default is timed separately.
 CANDIDATES = {
-    "dit-self": [cfg(64, 64, 4, 2), cfg(128, 128, 8, 2), cfg(128, 64, 8, 2), cfg(64, 128, 4, 1)],
+    # dit-self 64 x 128 / 4 warps / 1 stage hit an illegal address on the H200 (sessions 4 and 9; not diagnosed,
+    # no shipped config has 1 stage at 16 bits) and poisoned the CUDA context for every row after it: left out.
+    "dit-self": [cfg(64, 64, 4, 2), cfg(128, 128, 8, 2), cfg(128, 64, 8, 2)],
     "sd-l1-self": [cfg(128, 128, 8, 3), cfg(64, 128, 4, 2), cfg(128, 64, 4, 3)],
     "sd-l1-cross": [cfg(128, 128, 8, 2), cfg(64, 64, 4, 2), cfg(64, 128, 4, 1)],
     "sd-l2-self": [cfg(64, 128, 4, 3), cfg(128, 128, 8, 3), cfg(64, 64, 4, 3)],
@@ -162,7 +164,7 @@ def main():
         batch, seqlen_q, nheads, hd = q.shape
         out = fn()
         err = ((out.float() - ref).norm() / ref.norm()).item()
-        if not err < 2e-3:               # fp16 attention with fp32 accumulation: ~3e-4 (bf16 ~2e-3)
+        if not err < (2e-3 if q.dtype == torch.float16 else 6e-3):   # fp32 accumulation: fp16 ~3e-4, bf16 ~2.2e-3
             failures.append(f"{name} {variant}: rel err {err:.2e}")
         us = do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
         flops = 4 * batch * nheads * seqlen_q * k.shape[1] * hd
