@@ -67,8 +67,9 @@ CANDIDATES = {
     "sd-l1-cross": [cfg(128, 128, 8, 2), cfg(64, 64, 4, 2), cfg(64, 128, 4, 1)],
     "sd-l2-self": [cfg(64, 128, 4, 3), cfg(128, 128, 8, 3), cfg(64, 64, 4, 3)],
     "sd-l2-cross": [cfg(128, 128, 8, 2), cfg(64, 64, 4, 2)],
-    "sd-l3-self": [cfg(64, 64, 4, 2), cfg(16, 64, 4, 2), cfg(64, 32, 4, 2)],
-    "sd-l3-cross": [cfg(64, 64, 4, 2), cfg(16, 64, 4, 2)],
+    # 32 x 32: the default until session 9 at the hd-160 256-token level (half-wave small-grid rule)
+    "sd-l3-self": [cfg(32, 32, 4, 2), cfg(16, 64, 4, 2), cfg(64, 32, 4, 2)],
+    "sd-l3-cross": [cfg(32, 32, 4, 2), cfg(16, 64, 4, 2), cfg(64, 32, 4, 2)],
     "sd-mid-self": [cfg(32, 32, 4, 2), cfg(64, 64, 4, 2)],
     "sd-mid-cross": [cfg(32, 32, 4, 2)],
     "guard-hd64": [],

@@ -384,11 +384,13 @@ def forward_config(width: int, dtype: torch.dtype, windowed: bool, has_bias: boo
         # memory (64 x 128 tiles at width 80: 90 KB) that two share an SM: one's prologue (Q, the first
         # K/V tiles) and epilogue (the O store) overlap the other's tensor-core work. cuDNN picks 64 x 128
         # here too.
-        # Grids under half a wave (SD's 256- and 64-token levels: 16 heads) take 32- or 16-row tiles
-        # (tensor-core mma.sync instead of wgmma) and narrower key tiles to stay spill-free (ptxas, width
-        # 160: 32 x 64 spills 120 bytes, 32 x 32 none).
+        # Grids under a quarter wave (SD's 64-token level: 16 heads) take 32- or 16-row tiles (tensor-core
+        # mma.sync instead of wgmma) and narrower key tiles to stay spill-free (ptxas, width 160: 32 x 64
+        # spills 120 bytes, 32 x 32 none). The threshold was half a wave until session 9: SD's 256-token level
+        # (64 programs of 64 rows, hd 160) then took 32 x 32 tiles at 14.4 us where 64 x 64 takes 7.9 (H200,
+        # bf16, benchmarks/tune_attention_small.py; cuDNN 10.4).
         block_m = 64
-        while block_m > 16 and cdiv(seqlen_q, block_m) * programs_per_row_block < num_sms // 2:
+        while block_m > 16 and cdiv(seqlen_q, block_m) * programs_per_row_block < num_sms // 4:
             block_m //= 2
         block_n = (128 if width <= 128 else 64) if block_m == 64 else (64 if width <= 128 else 32)
         if block_m == 64 and width <= 128 and 128 < seqlen_k <= 512:
