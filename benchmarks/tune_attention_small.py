@@ -64,7 +64,9 @@ CANDIDATES = {
     # no shipped config has 1 stage at 16 bits) and poisoned the CUDA context for every row after it: left out.
     "dit-self": [cfg(64, 64, 4, 2), cfg(128, 128, 8, 2), cfg(128, 64, 8, 2)],
     "sd-l1-self": [cfg(128, 128, 8, 3), cfg(64, 128, 4, 2), cfg(128, 64, 4, 3)],
-    "sd-l1-cross": [cfg(128, 128, 8, 2), cfg(64, 64, 4, 2), cfg(64, 128, 4, 1)],
+    # 64 x 128 / 4 warps / 1 stage gave 43% error here (session 9; triton 3.6, sm_90): 1-stage wgmma tiles
+    # are not trusted, see dit-self above.
+    "sd-l1-cross": [cfg(128, 128, 8, 2), cfg(64, 64, 4, 2)],
     "sd-l2-self": [cfg(64, 128, 4, 3), cfg(128, 128, 8, 3), cfg(64, 64, 4, 3)],
     "sd-l2-cross": [cfg(128, 128, 8, 2), cfg(64, 64, 4, 2)],
     # 32 x 32: the default until session 9 at the hd-160 256-token level (half-wave small-grid rule)
