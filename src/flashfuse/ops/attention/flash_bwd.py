@@ -544,7 +544,6 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
                           dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
                           cu_seqlens_k=cu_seqlens_k, dummy=dq)
     group = nheads_q // nheads_k
-    use_tma = _tma_applies(q, k, v, dout, head_dim, block_d, is_varlen)
     if use_atomic:
         extras = softcap > 0 or alibi_slopes is not None or attn_bias is not None or dropout_p > 0 or window_left >= 0
         cfg = dict(config or atomic_backward_config(block_d, q.dtype, extras))
@@ -557,7 +556,9 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
         num_kv_blocks = cdiv(seqlen_k, cfg["BLOCK_N1"])
         num_q_blocks = cdiv(seqlen_q, cfg["BLOCK_M2"])
         grid = (num_kv_blocks + group * num_q_blocks, batch * nheads_k)
-    tma_dkdv, tma_dq = cfg.pop("TMA_DKDV", False) and use_tma, cfg.pop("TMA_DQ", False) and use_tma
+    tma_dkdv, tma_dq = cfg.pop("TMA_DKDV", False), cfg.pop("TMA_DQ", False)
+    if (tma_dkdv or tma_dq) and not _tma_applies(q, k, v, dout, head_dim, block_d, is_varlen):
+        tma_dkdv = tma_dq = False         # the config asks for TMA where it cannot apply: pointer loads
     if (tma_dkdv or tma_dq) and not INTERPRET:
         ensure_tma_allocator()
     _flash_bwd_kernel[grid](
