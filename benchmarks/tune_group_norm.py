@@ -4,11 +4,14 @@
 
 Variants are module knobs of ``flashfuse.ops.group_norm`` (no code edits):
     legacy          ONE_TILE / LOOP / SPLIT, one program per group (CHUNKED off in both layouts)
-    chunked         CHUNKED in both layouts, the whole tensor in one wave (the default plan)
+    legacy-fwd      the same with the second pass walking its tiles forwards (before session 10)
+    legacy-evict    legacy with evict_first on the second pass's loads and stores
+    chunked         CHUNKED in both layouts, the whole tensor in one wave, kernel 3 backwards (the default)
+    chunked-fwd     CHUNKED with kernel 3 walking its tiles forwards (before session 10)
+    chunked-evict   chunked with evict_first on kernel 3's loads and stores
+    chunked-fwd-evict  chunked-fwd with evict_first
     chunked-waves24 CHUNKED in waves of 24 MB of input (the re-read meant to hit L2; measured slower)
-    chunked-st2     CHUNKED, tile loops software-pipelined over 2 stages (tl.range num_stages)
-    chunked-st3     the same over 3 stages (the default)
-    chunked-st4     the same over 4 stages
+    chunked-st2     CHUNKED, tile loops software-pipelined over 2 stages (tl.range num_stages; 3 is the default)
     chunked-pps2    CHUNKED, 2 programs per SM (fewer, longer chunks; fewer partials)
     eager           PyTorch F.silu(F.group_norm(x)) (the peer)
     compile         torch.compile of the same (forward only: its backward through autograd is not graph-safe
@@ -36,21 +39,25 @@ import triton
 
 import flashfuse.ops.group_norm as gn
 
-BUDGET_S = 100.0
+BUDGET_S = float(os.environ.get("TUNE_BUDGET_S", 100))
 SHAPES = [(2, 320, 64, 64), (8, 320, 128, 128), (16, 640, 64, 64), (16, 1280, 32, 32)]
 KNOBS = ("USE_RESIDENT", "CHUNKED_CHANNELS_LAST", "CHUNKED_NCHW", "CHUNKED_NCHW_MIN_GROUP", "WAVE_BYTES",
-         "CHUNK_STAGES", "CHUNK_PROGRAMS_PER_SM")
+         "CHUNK_STAGES", "CHUNK_PROGRAMS_PER_SM", "REVERSE_SECOND_PASS", "SECOND_PASS_EVICT")
 DEFAULTS = {k: getattr(gn, k) for k in KNOBS}
 ON = dict(CHUNKED_CHANNELS_LAST=True, CHUNKED_NCHW=True, CHUNKED_NCHW_MIN_GROUP=0)
+LEGACY = dict(USE_RESIDENT=False, CHUNKED_CHANNELS_LAST=False, CHUNKED_NCHW=False)
 VARIANTS = {   # in run order: peers and old first, new last
     "eager": None,
     "compile": None,
-    "legacy": dict(USE_RESIDENT=False, CHUNKED_CHANNELS_LAST=False, CHUNKED_NCHW=False),
+    "legacy-fwd": dict(LEGACY, REVERSE_SECOND_PASS=False),
+    "legacy": dict(LEGACY),
+    "legacy-evict": dict(LEGACY, SECOND_PASS_EVICT="evict_first"),
+    "chunked-fwd": dict(ON, REVERSE_SECOND_PASS=False),
     "chunked": dict(ON),
+    "chunked-evict": dict(ON, SECOND_PASS_EVICT="evict_first"),
+    "chunked-fwd-evict": dict(ON, REVERSE_SECOND_PASS=False, SECOND_PASS_EVICT="evict_first"),
     "chunked-waves24": dict(ON, WAVE_BYTES=24 << 20),
     "chunked-st2": dict(ON, CHUNK_STAGES=2),
-    "chunked-st3": dict(ON, CHUNK_STAGES=3),
-    "chunked-st4": dict(ON, CHUNK_STAGES=4),
     "chunked-pps2": dict(ON, CHUNK_PROGRAMS_PER_SM=2),
 }
 GROUPS, DTYPE, EPS = 32, torch.bfloat16, 1e-5

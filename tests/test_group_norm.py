@@ -105,11 +105,15 @@ def test_group_norm(device, shape, dtype, layout, activation, weight, bias, resi
         assert y.is_contiguous(memory_format=CL)
 
 
+@pytest.mark.parametrize("order", [(True, ""), (False, "evict_first")], ids=["reverse", "forward-evict"])
 @pytest.mark.parametrize("mode", ["loop", "split"])
 @pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
-def test_launch_modes(device, monkeypatch, mode, layout):
+def test_launch_modes(device, monkeypatch, mode, layout, order):
     """Small caps force the looped (two passes in one program) and the split (stats kernel + partials)
-    paths, with partial last tiles and chunks (5 x 7 = 35 pixels: tiles of 4 x 4, chunks of 12, 12 and 11 pixels)."""
+    paths, with partial last tiles and chunks (5 x 7 = 35 pixels: tiles of 4 x 4, chunks of 12, 12 and 11 pixels),
+    the second pass walking its tiles backwards (the default) or forwards with an eviction policy."""
+    monkeypatch.setattr(gn_ops, "REVERSE_SECOND_PASS", order[0])
+    monkeypatch.setattr(gn_ops, "SECOND_PASS_EVICT", order[1])
     monkeypatch.setattr(gn_ops, "USE_RESIDENT", False)
     monkeypatch.setattr(gn_ops, "CHUNKED_CHANNELS_LAST", False)   # the legacy per-group programs
     monkeypatch.setattr(gn_ops, "ONE_TILE_FWD", 16)
@@ -184,12 +188,16 @@ CHUNKED_CASES = [
 ]
 
 
+@pytest.mark.parametrize("order", [(True, ""), (False, "evict_first")], ids=["reverse", "forward-evict"])
 @pytest.mark.parametrize("layout, shape, groups, activation, weight, residual, tile, sms, wave, dtype",
                          CHUNKED_CASES)
 def test_chunked_mode(device, monkeypatch, layout, shape, groups, activation, weight, residual, tile, sms, wave,
-                      dtype):
+                      dtype, order):
     """CHUNKED (per-channel partials over pixel chunks, per-group finalize, waves of samples): output and
-    every gradient, a mean far from 0 (no E[s^2] - mean^2). NCHW is forced in with a tiny one-tile cap."""
+    every gradient, a mean far from 0 (no E[s^2] - mean^2). NCHW is forced in with a tiny one-tile cap. Kernel 3
+    walks its tiles backwards (the default) or forwards with an eviction policy."""
+    monkeypatch.setattr(gn_ops, "REVERSE_SECOND_PASS", order[0])
+    monkeypatch.setattr(gn_ops, "SECOND_PASS_EVICT", order[1])
     x = torch.empty(shape, device=device)
     itemsize = torch.empty((), dtype=dtype).element_size()
     inputs = 3 if residual == "full" else 2                 # the backward's wave counts x, dy (and residual)
@@ -220,7 +228,7 @@ def test_chunk_plan_at_real_sizes():
         for cl in (False, True):
             for inputs in (1, 2):
                 cfg = gn_ops.ChunkConfig(gn_ops.CHUNK_TILE, gn_ops.CHUNK_ELEMENTS_PER_WARP,
-                                         gn_ops.CHUNK_PROGRAMS_PER_SM, gn_ops.WAVE_BYTES, 1, 132)
+                                         gn_ops.CHUNK_PROGRAMS_PER_SM, gn_ops.WAVE_BYTES, 1, True, "", 132)
                 p = gn_ops.chunk_plan(n, c, hw, cl, c * hw * 2 * inputs, cfg)
                 assert p.block_c * p.block_hw <= gn_ops.CHUNK_TILE
                 assert p.chunk_hw % p.block_hw == 0 and (p.n_chunks - 1) * p.chunk_hw < hw <= p.n_chunks * p.chunk_hw

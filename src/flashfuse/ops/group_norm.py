@@ -106,6 +106,11 @@ WAVE_BYTES = 0
 # 35 / 30 (8,320,128,128), 34 / 29 (16,640,64,64), 25 / 24 (16,1280,32,32); 2 stages 39 / 33, 37 / 32, 38 / 27;
 # 3 stages 46 / 41, 44 / 40, 44 / 32 (torch.compile's forward: 17, 37, 36).
 CHUNK_STAGES = 3
+# The second pass over x (normalize; dx) of LOOP, SPLIT and CHUNKED walks its tiles backwards, so that it
+# starts on the tiles the first pass read last, still in L2 (see _kernels._tile_start), with this L2 eviction
+# policy on its loads and stores ("" or "evict_first": lines it reads for the last time and lines it writes).
+REVERSE_SECOND_PASS = True
+SECOND_PASS_EVICT = ""
 SPIN_LIMIT = 1 << 21   # ~1 s of polling before a unit gives up with NaN statistics (never in a sound launch)
 
 
@@ -182,7 +187,7 @@ def _use_chunked(groups: int, cpg: int, hw: int, channels_last: bool, one_tile: 
 
 def _chunk_config(device: torch.device) -> ChunkConfig:
     return ChunkConfig(CHUNK_TILE, CHUNK_ELEMENTS_PER_WARP, CHUNK_PROGRAMS_PER_SM, WAVE_BYTES, CHUNK_STAGES,
-                       _num_sms(device))
+                       REVERSE_SECOND_PASS, SECOND_PASS_EVICT, _num_sms(device))
 
 
 def _alloc(shape, dtype, device) -> Tensor:
@@ -271,7 +276,8 @@ def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = No
         hw, cpg, num_groups, plan.chunk_hw, plan.n_chunks, float(cpg * hw), *sx, *sr, *sy, float(eps),
         MODE=plan.mode, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
         HAS_BIAS=bias is not None, ACTIVATION=ACTIVATIONS[activation], BLOCK_C=plan.block_c,
-        BLOCK_HW=plan.block_hw, BLOCK_K=next_power_of_2(plan.n_chunks), num_warps=plan.num_warps)
+        BLOCK_HW=plan.block_hw, BLOCK_K=next_power_of_2(plan.n_chunks), REVERSE=REVERSE_SECOND_PASS,
+        EVICT=SECOND_PASS_EVICT, num_warps=plan.num_warps)
     return y, mean, rstd
 
 
@@ -372,7 +378,8 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
             x, r, dy, w, b, mean, rstd, sums, dx, dummy if dw_part is None else dw_part,
             dummy if db_part is None else db_part, dummy if dres_part is None else dres_part,
             c, hw, cpg, num_groups, plan.chunk_hw, k, float(cpg * hw), *sx, *sr, *sdy, *sdx,
-            MODE=plan.mode, HAS_DRES=dres_in_kernel, BLOCK_K=next_power_of_2(k), **flags)
+            MODE=plan.mode, HAS_DRES=dres_in_kernel, BLOCK_K=next_power_of_2(k), REVERSE=REVERSE_SECOND_PASS,
+            EVICT=SECOND_PASS_EVICT, **flags)
     return dx, *_reduce_parts(x, residual, weight, bias, n, c, dw_part, db_part, dres_part)
 
 

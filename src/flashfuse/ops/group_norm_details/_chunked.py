@@ -36,7 +36,7 @@ bytes fit in L2 (see ``_chunked_launch.py``) so that the second read is an L2 hi
 import triton
 import triton.language as tl
 
-from ._kernels import _grad_tile, _load_affine, _load_s, _normalize_store
+from ._kernels import _grad_tile, _load_affine, _load_s, _normalize_store, _tile_start
 
 
 @triton.jit
@@ -153,9 +153,11 @@ def _chunked_fwd_apply_kernel(
     stride_x_n, stride_x_c, stride_x_hw, stride_r_n, stride_r_c, stride_r_hw,
     stride_y_n, stride_y_c, stride_y_hw,
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr, REVERSE: tl.constexpr,
+    EVICT: tl.constexpr,
 ):
-    """Kernel 3 forward: y = act((s - mu) rstd w + b) over the slab."""
+    """Kernel 3 forward: y = act((s - mu) rstd w + b) over the slab (tiles backwards when REVERSE: the
+    ones kernel 1 read last first, see _tile_start; loads and stores with L2 eviction policy EVICT)."""
     i_n, i_k, o_c, m_c, hw_start, hw_end = _slab(C, HW, chunk_hw, BLOCK_C)
     X += i_n * stride_x_n
     R += i_n * stride_r_n
@@ -163,12 +165,14 @@ def _chunked_fwd_apply_kernel(
     mean = _per_channel(MEAN, i_n, o_c, m_c, CPG, num_groups)                 # [BLOCK_C, 1]
     rstd = _per_channel(RSTD, i_n, o_c, m_c, CPG, num_groups)
     w, b = _load_affine(W, B, o_c, m_c, HAS_WEIGHT, HAS_BIAS)                 # [BLOCK_C]
-    for h0 in tl.range(hw_start, hw_end, BLOCK_HW, num_stages=STAGES):
-        o_hw = h0 + tl.arange(0, BLOCK_HW)                                    # [BLOCK_HW]
+    n_t = tl.cdiv(hw_end - hw_start, BLOCK_HW)
+    for i_t in tl.range(0, n_t, num_stages=STAGES):
+        o_hw = _tile_start(hw_start, i_t, n_t, BLOCK_HW, REVERSE) + tl.arange(0, BLOCK_HW)   # [BLOCK_HW]
         mask = m_c[:, None] & (o_hw < hw_end)[None, :]
-        s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
+        s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL,
+                    EVICT)
         _normalize_store(s, mean, rstd, w, b, Y, o_c, o_hw, mask, stride_y_c, stride_y_hw,
-                         HAS_WEIGHT, HAS_BIAS, ACTIVATION)
+                         HAS_WEIGHT, HAS_BIAS, ACTIVATION, EVICT)
 
 
 @triton.jit
@@ -213,8 +217,10 @@ def _chunked_bwd_dx_kernel(
     stride_dy_n, stride_dy_c, stride_dy_hw, stride_dx_n, stride_dx_c, stride_dx_hw,
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     HAS_DRES: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr,
+    REVERSE: tl.constexpr, EVICT: tl.constexpr,
 ):
-    """Kernel 3 backward: dx = rstd (g - c2 - x_hat c1) over the slab, and (HAS_DRES) its per-channel sum."""
+    """Kernel 3 backward: dx = rstd (g - c2 - x_hat c1) over the slab, and (HAS_DRES) its per-channel sum
+    (REVERSE, EVICT as in the forward's kernel 3)."""
     i_n, i_k, o_c, m_c, hw_start, hw_end = _slab(C, HW, chunk_hw, BLOCK_C)
     X += i_n * stride_x_n
     R += i_n * stride_r_n
@@ -226,15 +232,18 @@ def _chunked_bwd_dx_kernel(
     c2 = _per_channel(C2, i_n, o_c, m_c, CPG, num_groups)
     w, b = _load_affine(W, B, o_c, m_c, HAS_WEIGHT, HAS_BIAS)
     acc = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
-    for h0 in tl.range(hw_start, hw_end, BLOCK_HW, num_stages=STAGES):
-        o_hw = h0 + tl.arange(0, BLOCK_HW)                                    # [BLOCK_HW]
+    n_t = tl.cdiv(hw_end - hw_start, BLOCK_HW)
+    for i_t in tl.range(0, n_t, num_stages=STAGES):
+        o_hw = _tile_start(hw_start, i_t, n_t, BLOCK_HW, REVERSE) + tl.arange(0, BLOCK_HW)   # [BLOCK_HW]
         mask = m_c[:, None] & (o_hw < hw_end)[None, :]
-        s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
-        dy = tl.load(DY + o_c[:, None] * stride_dy_c + o_hw[None, :] * stride_dy_hw, mask=mask, other=0.0)
+        s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL,
+                    EVICT)
+        dy = tl.load(DY + o_c[:, None] * stride_dy_c + o_hw[None, :] * stride_dy_hw, mask=mask, other=0.0,
+                     eviction_policy=EVICT)
         x_hat, _dz, g = _grad_tile(s, dy, mean, rstd, w, b, mask, HAS_WEIGHT, HAS_BIAS, ACTIVATION)
         dx = (g - c2 - x_hat * c1) * rstd
         tl.store(DX + o_c[:, None] * stride_dx_c + o_hw[None, :] * stride_dx_hw, dx.to(DX.dtype.element_ty),
-                 mask=mask)
+                 mask=mask, eviction_policy=EVICT)
         if HAS_DRES:
             acc += tl.where(mask, dx, 0.0)
     if HAS_DRES:

@@ -55,6 +55,8 @@ class ChunkConfig(NamedTuple):
     programs_per_sm: int    # programs per SM a wave aims for
     wave_bytes: int         # input bytes per wave (0: one wave)
     stages: int             # software-pipelining stages of the tile loops (1: none)
+    reverse: bool           # kernel 3 walks its slab's tiles backwards (the re-read starts in L2)
+    evict: str              # kernel 3's L2 eviction policy ("" or "evict_first")
     sms: int
 
 
@@ -129,7 +131,7 @@ def chunked_forward(x, r, weight, bias, y, mean, rstd, strides, has_residual, nu
         _chunked_fwd_apply_kernel[grid](
             xs, rs, w, b, y[sl], mean[sl], rstd[sl], c, hw, cpg, num_groups, plan.chunk_hw, *sx, *sr, *sy,
             HAS_RESIDUAL=has_residual, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            ACTIVATION=activation, **tile)
+            ACTIVATION=activation, REVERSE=cfg.reverse, EVICT=cfg.evict, **tile)
 
 
 def chunked_backward(dy, x, r, weight, bias, mean, rstd, dx, strides, has_residual, num_groups, activation,
@@ -165,5 +167,5 @@ def chunked_backward(dy, x, r, weight, bias, mean, rstd, dx, strides, has_residu
         _chunked_bwd_dx_kernel[grid](
             xs, rs, dys, w, b, mean[sl], rstd[sl], c1[sl], c2[sl], dx[sl],
             dummy if dres_part is None else dres_part[sl], c, hw, cpg, num_groups, plan.chunk_hw, k,
-            *sx, *sr, *sdy, *sdx, HAS_DRES=dres_in_kernel, **flags)
+            *sx, *sr, *sdy, *sdx, HAS_DRES=dres_in_kernel, REVERSE=cfg.reverse, EVICT=cfg.evict, **flags)
     return dw_part, db_part, dres_part

@@ -89,11 +89,14 @@ def _act(z, BACKWARD: tl.constexpr, ACTIVATION: tl.constexpr):
 
 @triton.jit
 def _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
-            HAS_RESIDUAL: tl.constexpr):
-    """s = x (+ residual, rounded to x's dtype) as fp32, 0 outside the mask. [BLOCK_C, BLOCK_HW]"""
-    s = tl.load(X + o_c[:, None] * stride_x_c + o_hw[None, :] * stride_x_hw, mask=mask, other=0.0)
+            HAS_RESIDUAL: tl.constexpr, EVICT: tl.constexpr = tl.constexpr("")):
+    """s = x (+ residual, rounded to x's dtype) as fp32, 0 outside the mask. [BLOCK_C, BLOCK_HW]
+    EVICT: the loads' L2 eviction policy ("evict_first" on a last read)."""
+    s = tl.load(X + o_c[:, None] * stride_x_c + o_hw[None, :] * stride_x_hw, mask=mask, other=0.0,
+                eviction_policy=EVICT)
     if HAS_RESIDUAL:
-        r = tl.load(R + o_c[:, None] * stride_r_c + o_hw[None, :] * stride_r_hw, mask=mask, other=0.0)
+        r = tl.load(R + o_c[:, None] * stride_r_c + o_hw[None, :] * stride_r_hw, mask=mask, other=0.0,
+                    eviction_policy=EVICT)
         s = (s.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
     return s.to(tl.float32)
 
@@ -113,8 +116,21 @@ def _load_affine(W, B, o_c, m_c, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexp
 
 
 @triton.jit
+def _tile_start(start, i, n_tiles, BLOCK: tl.constexpr, REVERSE: tl.constexpr):
+    """First index of tile i of n_tiles tiles of BLOCK from start, walked backwards when REVERSE.
+
+    The second pass over x (normalize, dx) walks its tiles in the reverse order of the first (statistics)
+    pass: the tiles the first pass read last are still in L2, so the second pass takes them before the
+    writes and its own reads push them out (an 84 MB activation does not fit the 50 MB L2 of an H100/H200)."""
+    if REVERSE:
+        return start + (n_tiles - 1 - i) * BLOCK
+    return start + i * BLOCK
+
+
+@triton.jit
 def _normalize_store(s, mean, rstd, w, b, Y, o_c, o_hw, mask, stride_y_c, stride_y_hw,
-                     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
+                     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+                     EVICT: tl.constexpr = tl.constexpr("")):
     """y = act((s - mu) * rstd * w + b) for one [BLOCK_C, BLOCK_HW] tile, stored in Y's dtype."""
     z = (s - mean) * rstd
     if HAS_WEIGHT:
@@ -123,7 +139,8 @@ def _normalize_store(s, mean, rstd, w, b, Y, o_c, o_hw, mask, stride_y_c, stride
         z = z + b[:, None]
     if ACTIVATION != ACT_NONE:
         z, _ = _act(z, False, ACTIVATION)
-    tl.store(Y + o_c[:, None] * stride_y_c + o_hw[None, :] * stride_y_hw, z.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + o_c[:, None] * stride_y_c + o_hw[None, :] * stride_y_hw, z.to(Y.dtype.element_ty), mask=mask,
+             eviction_policy=EVICT)
 
 
 @triton.jit
@@ -194,8 +211,10 @@ def _group_norm_fwd_kernel(
     eps,
     MODE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_K: tl.constexpr,
+    REVERSE: tl.constexpr, EVICT: tl.constexpr,
 ):
-    """Program (n * G + g, k) normalizes chunk k of group (n, g) (the whole group unless SPLIT)."""
+    """Program (n * G + g, k) normalizes chunk k of group (n, g) (the whole group unless SPLIT); LOOP's
+    second pass walks the tiles backwards (REVERSE, see _tile_start) with L2 eviction policy EVICT."""
     i_ng = tl.program_id(0).to(tl.int64)
     i_k = tl.program_id(1)
     i_n = i_ng // num_groups
@@ -234,17 +253,19 @@ def _group_norm_fwd_kernel(
         rstd = tl.math.rsqrt(m2 / group_size + eps)
         hw_start = i_k * chunk_hw
         hw_end = tl.minimum(hw_start + chunk_hw, HW)
-        for c0 in range(0, CPG, BLOCK_C):
-            o_c = c0 + tl.arange(0, BLOCK_C)
+        n_cb = tl.cdiv(CPG, BLOCK_C)
+        n_t = tl.cdiv(hw_end - hw_start, BLOCK_HW)
+        for i_c in range(0, n_cb):
+            o_c = _tile_start(0, i_c, n_cb, BLOCK_C, REVERSE) + tl.arange(0, BLOCK_C)
             m_c = o_c < CPG
             w, b = _load_affine(W, B, o_c, m_c, HAS_WEIGHT, HAS_BIAS)
-            for h0 in range(hw_start, hw_end, BLOCK_HW):
-                o_hw = h0 + tl.arange(0, BLOCK_HW)
+            for i_t in range(0, n_t):
+                o_hw = _tile_start(hw_start, i_t, n_t, BLOCK_HW, REVERSE) + tl.arange(0, BLOCK_HW)
                 mask = m_c[:, None] & (o_hw < hw_end)[None, :]
                 s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
-                            HAS_RESIDUAL)
+                            HAS_RESIDUAL, EVICT)
                 _normalize_store(s, mean, rstd, w, b, Y, o_c, o_hw, mask, stride_y_c, stride_y_hw,
-                                 HAS_WEIGHT, HAS_BIAS, ACTIVATION)
+                                 HAS_WEIGHT, HAS_BIAS, ACTIVATION, EVICT)
     if i_k == 0:
         tl.store(MEAN + i_ng, mean)
         tl.store(RSTD + i_ng, rstd)
@@ -350,7 +371,8 @@ def _group_norm_bwd_kernel(
     stride_dy_n, stride_dy_c, stride_dy_hw, stride_dx_n, stride_dx_c, stride_dx_hw,
     MODE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr, HAS_DRES: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_K: tl.constexpr, REVERSE: tl.constexpr,
+    EVICT: tl.constexpr,
 ):
     """Program (n * G + g, k) writes dx of chunk k of group (n, g) (the whole group unless SPLIT), its
     per-channel sum of dx over the chunk's pixels (HAS_DRES: a residual broadcast over HW) and, unless SPLIT
@@ -407,22 +429,24 @@ def _group_norm_bwd_kernel(
         c2 = sum_g / group_size
         hw_start = i_k * chunk_hw
         hw_end = tl.minimum(hw_start + chunk_hw, HW)
-        for c0 in range(0, CPG, BLOCK_C):
-            o_c = c0 + tl.arange(0, BLOCK_C)
+        n_cb = tl.cdiv(CPG, BLOCK_C)
+        n_t = tl.cdiv(hw_end - hw_start, BLOCK_HW)
+        for i_c in range(0, n_cb):
+            o_c = _tile_start(0, i_c, n_cb, BLOCK_C, REVERSE) + tl.arange(0, BLOCK_C)
             m_c = o_c < CPG
             w, b = _load_affine(W, B, o_c, m_c, HAS_WEIGHT, HAS_BIAS)
             dres = tl.zeros([BLOCK_C], dtype=tl.float32)
-            for h0 in range(hw_start, hw_end, BLOCK_HW):
-                o_hw = h0 + tl.arange(0, BLOCK_HW)
+            for i_t in range(0, n_t):
+                o_hw = _tile_start(hw_start, i_t, n_t, BLOCK_HW, REVERSE) + tl.arange(0, BLOCK_HW)
                 mask = m_c[:, None] & (o_hw < hw_end)[None, :]
                 s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
-                            HAS_RESIDUAL)
+                            HAS_RESIDUAL, EVICT)
                 dy = tl.load(DY + o_c[:, None] * stride_dy_c + o_hw[None, :] * stride_dy_hw, mask=mask,
-                             other=0.0)
+                             other=0.0, eviction_policy=EVICT)
                 x_hat, dz, g = _grad_tile(s, dy, mean, rstd, w, b, mask, HAS_WEIGHT, HAS_BIAS, ACTIVATION)
                 dx = (g - c2 - x_hat * c1) * rstd
                 tl.store(DX + o_c[:, None] * stride_dx_c + o_hw[None, :] * stride_dx_hw,
-                         dx.to(DX.dtype.element_ty), mask=mask)
+                         dx.to(DX.dtype.element_ty), mask=mask, eviction_policy=EVICT)
                 if HAS_DRES:
                     dres += tl.sum(tl.where(mask, dx, 0.0), axis=1)
             if HAS_DRES:
