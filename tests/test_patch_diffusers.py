@@ -22,6 +22,7 @@ from diffusers.models.attention import BasicTransformerBlock  # noqa: E402
 from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0  # noqa: E402
 from diffusers.models.normalization import AdaLayerNormZero  # noqa: E402
 from diffusers.models.resnet import ResnetBlock2D  # noqa: E402
+from diffusers.models.transformers.transformer_2d import Transformer2DModel  # noqa: E402
 
 import flashfuse.nn as ffnn  # noqa: E402
 from flashfuse.integrations.diffusers import (FlashfuseAttnProcessor, patch_diffusers, patch_summary,  # noqa: E402
@@ -123,6 +124,7 @@ def expected_counts(model):
         "geglu": sum(type(m) in (GEGLU, SwiGLU) for m in mods),
         "ada_layer_norm_zero": sum(type(m) is AdaLayerNormZero for m in mods),
         "ada_norm_zero_block": sum(type(m) is BasicTransformerBlock and m.norm_type == "ada_norm_zero" for m in mods),
+        "transformer_2d_output": sum(type(m) is Transformer2DModel for m in mods),
     }
 
 
@@ -163,6 +165,38 @@ def test_model_patched_matches_unpatched(name, device):
     again, _, again_grads = run(model, inputs, grad_input, weight)
     assert torch.equal(again, before_out)
     assert all(torch.equal(again_grads[k], before_grads[k]) for k in before_grads)
+
+
+@pytest.mark.parametrize("linear_projection", [False, True], ids=["conv-proj", "linear-proj"])
+def test_channels_last_unet_stays_channels_last(device, linear_projection):
+    """A channels_last UNet2DConditionModel: every Transformer2DModel's output projection and residual add see
+    channels_last tensors (diffusers copies them to NCHW), and the output matches the unpatched model."""
+    model, inputs, _ = unet2d_condition()
+    if linear_projection:   # SD-2 / SDXL's Linear proj_in / proj_out
+        model = diffusers.UNet2DConditionModel(**{**model.config, "use_linear_projection": True})
+        model = perturb(model).eval()
+    model = model.to(device).to(memory_format=torch.channels_last)
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    inputs["sample"] = inputs["sample"].contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        ref = model(**inputs).sample
+    patch_diffusers(model)
+    blocks = [m for m in model.modules() if type(m) is Transformer2DModel]
+    assert blocks and patch_summary(model)["transformer_2d_output"] == len(blocks)
+    cl = torch.channels_last
+    seen = []   # per block: proj_out's input (a conv's) and the block's output are channels_last
+    hooks = [m.proj_out.register_forward_hook(lambda mod, args, out: seen.append(
+        args[0].ndim == 3 or args[0].is_contiguous(memory_format=cl))) for m in blocks]
+    hooks += [m.register_forward_hook(lambda mod, args, out: seen.append(out[0].is_contiguous(memory_format=cl)))
+              for m in blocks]
+    with torch.no_grad():
+        out = model(**inputs).sample
+    for h in hooks:
+        h.remove()
+    assert seen == [True] * 2 * len(blocks)
+    assert rel_err(out, ref) < FP32_TOL
+    unpatch_diffusers(model)
+    assert not any("_get_output_for_continuous_inputs" in m.__dict__ for m in blocks)
 
 
 def test_unet_group_norm_act_pair_fused(device):

@@ -47,6 +47,11 @@ What the patch does (flags of `patch_diffusers`, all on by default):
   ``h + gate_mlp * ff``) are `ada_layer_norm_gate` and norm3 + (1 + scale_mlp) + shift_mlp is one kernel (an
   affine norm3 is folded into the modulation vectors: ``layer_norm_modulate``). DiT's final ``norm_out``
   modulation lives in the model's own forward and stays eager.
+- ``layout``: ``Transformer2DModel`` (SD's spatial transformer) gets a ``_get_output_for_continuous_inputs``
+  that, for a channels_last input, leaves out diffusers' ``.contiguous()`` before the output projection: the
+  projection, the residual add and the blocks after it stay channels_last (diffusers' speed tip for UNets),
+  instead of one NCHW copy, one strided add and mixed-layout convolutions per transformer block. NCHW inputs
+  run diffusers' own method.
 
 Generic forwards are bound per instance (``module.forward``); at call time an input no kernel takes (float64,
 a CPU tensor outside the interpreter, the deprecated ``scale`` argument) runs the class's own forward. A
@@ -137,7 +142,28 @@ def _resnet_block_forward(self, input_tensor, temb, *args, **kwargs):
         if self.training:  # as diffusers: DDP gradient stride warning
             input_tensor = input_tensor.contiguous()
         input_tensor = self.conv_shortcut(input_tensor)
-    return (input_tensor + hidden_states) / self.output_scale_factor
+    return _rescale(input_tensor + hidden_states, self.output_scale_factor)
+
+
+def _rescale(x: torch.Tensor, factor) -> torch.Tensor:
+    """x / factor, without a kernel for diffusers' usual factor 1.0 (x / 1.0 == x exactly)."""
+    return x if factor == 1 else x / factor
+
+
+def _transformer_2d_output(self, hidden_states, residual, batch_size, height, width, inner_dim):
+    """Transformer2DModel._get_output_for_continuous_inputs for a channels_last input: the tokens (b, h * w, c)
+    viewed as (b, c, h, w) are channels_last already, so proj_out (1x1 conv or Linear) and the residual add
+    run in the input's layout. diffusers' ``.contiguous()`` there copies them to NCHW, and a channels_last UNet
+    then flips layouts at every transformer block (a copy, a strided add, convolutions on mixed layouts)."""
+    if not residual.is_contiguous(memory_format=torch.channels_last) or residual.is_contiguous():
+        return type(self)._get_output_for_continuous_inputs(self, hidden_states, residual, batch_size, height,
+                                                            width, inner_dim)
+    if self.use_linear_projection:
+        hidden_states = self.proj_out(hidden_states)
+    hidden_states = hidden_states.reshape(batch_size, height, width, inner_dim).permute(0, 3, 1, 2)
+    if not self.use_linear_projection:
+        hidden_states = self.proj_out(hidden_states)
+    return hidden_states + residual
 
 
 def _resnet_block_check(module) -> str | None:
@@ -261,6 +287,7 @@ class _Forward:
     check: object  # module -> None, or why this instance keeps diffusers' forward
     count: str  # key in patch_summary
     setup: object = None  # module -> {attribute: value} stored on the instance for the forward
+    method: str = "forward"  # the method bound per instance
 
 
 _FORWARDS = (
@@ -274,6 +301,8 @@ _FORWARDS = (
              _ada_norm_zero_check, "ada_layer_norm_zero"),
     _Forward("adaln", "diffusers.models.attention", "BasicTransformerBlock", _basic_block_forward,
              _basic_block_check, "ada_norm_zero_block"),
+    _Forward("layout", "diffusers.models.transformers.transformer_2d", "Transformer2DModel", _transformer_2d_output,
+             lambda m: None, "transformer_2d_output", method="_get_output_for_continuous_inputs"),
 )
 
 # (module, class, norm attribute, activation attribute): GroupNorm then activation, back to back in the forward.
@@ -301,7 +330,7 @@ def _class(module: str, name: str):
 
 _STATE = "_flashfuse_diffusers_patch"
 _COUNT_KEYS = ("group_norm_act", "group_norm", "layer_norm", "resnet_block", "attn_processor", "geglu",
-               "ada_layer_norm_zero", "ada_norm_zero_block")
+               "ada_layer_norm_zero", "ada_norm_zero_block", "transformer_2d_output")
 
 
 @dataclasses.dataclass
@@ -309,7 +338,7 @@ class _PatchState:
     flags: dict
     counts: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(_COUNT_KEYS, 0))
     modules: list = dataclasses.field(default_factory=list)  # (parent, child name, original, replacement)
-    forwards: list = dataclasses.field(default_factory=list)  # (module, attribute names set for the forward)
+    forwards: list = dataclasses.field(default_factory=list)  # (module, method, attribute names set for it)
     processors: list = dataclasses.field(default_factory=list)  # (attention module, original processor)
     processors_dict: dict | None = None  # model.attn_processors before the patch (models with set_attn_processor)
 
@@ -385,8 +414,8 @@ def _patch_forwards(model: nn.Module, flags: dict, state: _PatchState) -> None:
         if row is None:
             continue
         reason = row.check(module)
-        if reason is None and "forward" in module.__dict__:
-            reason = "it already has an instance-level forward (a hook?)"
+        if reason is None and row.method in module.__dict__:
+            reason = f"it already has an instance-level {row.method} (a hook?)"
         if reason is not None:
             if row.cls != "BasicTransformerBlock" or "norm_type" not in reason:  # most blocks are not adaLN-Zero
                 kept[(row.cls, reason)] = kept.get((row.cls, reason), 0) + 1
@@ -394,8 +423,8 @@ def _patch_forwards(model: nn.Module, flags: dict, state: _PatchState) -> None:
         extra = row.setup(module) if row.setup is not None else {}
         for name, value in extra.items():
             setattr(module, name, value)
-        module.forward = types.MethodType(row.forward, module)
-        state.forwards.append((module, tuple(extra)))
+        setattr(module, row.method, types.MethodType(row.forward, module))
+        state.forwards.append((module, row.method, tuple(extra)))
         state.counts[row.count] += 1
     for (cls, reason), n in kept.items():
         warnings.warn(f"patch_diffusers: {n} {cls} module(s) keep diffusers' forward: {reason}", stacklevel=3)
@@ -434,8 +463,8 @@ def _restore(model: nn.Module, state: _PatchState) -> None:
         model.set_attn_processor(dict(state.processors_dict))
     for module, old in reversed(state.processors):
         module.set_processor(old)
-    for module, names in reversed(state.forwards):
-        module.__dict__.pop("forward", None)
+    for module, method, names in reversed(state.forwards):
+        module.__dict__.pop(method, None)
         for name in names:
             module.__dict__.pop(name, None)
     for parent, name, old, new in reversed(state.modules):
@@ -448,7 +477,7 @@ def _restore(model: nn.Module, state: _PatchState) -> None:
 
 
 def patch_diffusers(model: nn.Module, *, norms: bool = True, attention: bool = True, geglu: bool = True,
-                    adaln: bool = True) -> nn.Module:
+                    adaln: bool = True, layout: bool = True) -> nn.Module:
     """Patch a built diffusers model (or any nn.Module holding diffusers blocks) in place with flashfuse kernels;
     returns the same model.
 
@@ -461,6 +490,8 @@ def patch_diffusers(model: nn.Module, *, norms: bool = True, attention: bool = T
         attention: ``AttnProcessor2_0`` / ``AttnProcessor`` -> `FlashfuseAttnProcessor`.
         geglu: GEGLU / SwiGLU feed-forwards: the projection, then one fused gated-activation kernel.
         adaln: AdaLayerNormZero and adaLN-Zero BasicTransformerBlocks with fused modulation and gated residuals.
+        layout: Transformer2DModel keeps a channels_last input channels_last through its output projection and
+            residual add (diffusers copies it to NCHW there).
 
     `patch_summary(model)` says how many modules of each kind were patched. Patching a patched model first
     undoes the previous patch. See the module docstring for the details. Example::
@@ -477,7 +508,7 @@ def patch_diffusers(model: nn.Module, *, norms: bool = True, attention: bool = T
         )
     if _STATE in model.__dict__:
         unpatch_diffusers(model)
-    flags = dict(norms=norms, attention=attention, geglu=geglu, adaln=adaln)
+    flags = dict(norms=norms, attention=attention, geglu=geglu, adaln=adaln, layout=layout)
     state = _PatchState(flags=flags)
     try:
         _patch_forwards(model, flags, state)  # before the norm swaps: the checks see diffusers' own modules
@@ -504,7 +535,8 @@ def unpatch_diffusers(model: nn.Module) -> nn.Module:
 def patch_summary(model: nn.Module) -> dict:
     """How many modules `patch_diffusers` patched, by kind (all zeros for a model that is not patched):
     group_norm_act (GroupNorm + activation pairs), group_norm, layer_norm (swapped modules), resnet_block,
-    geglu (GEGLU / SwiGLU), ada_layer_norm_zero, ada_norm_zero_block (generic forwards), attn_processor."""
+    geglu (GEGLU / SwiGLU), ada_layer_norm_zero, ada_norm_zero_block (generic forwards), attn_processor,
+    transformer_2d_output (Transformer2DModel output kept channels_last)."""
     state = model.__dict__.get(_STATE)
     return dict(state.counts) if state is not None else dict.fromkeys(_COUNT_KEYS, 0)
 

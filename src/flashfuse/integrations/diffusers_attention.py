@@ -102,4 +102,6 @@ class FlashfuseAttnProcessor:
             hidden_states = hidden_states.transpose(-1, -2).reshape(batch_size, channel, height, width)
         if attn.residual_connection:
             hidden_states = hidden_states + residual
-        return hidden_states / attn.rescale_output_factor
+        if attn.rescale_output_factor != 1:   # diffusers' usual 1.0: no division kernel
+            hidden_states = hidden_states / attn.rescale_output_factor
+        return hidden_states
