@@ -124,6 +124,7 @@ def expected_counts(model):
         "geglu": sum(type(m) in (GEGLU, SwiGLU) for m in mods),
         "ada_layer_norm_zero": sum(type(m) is AdaLayerNormZero for m in mods),
         "ada_norm_zero_block": sum(type(m) is BasicTransformerBlock and m.norm_type == "ada_norm_zero" for m in mods),
+        "transformer_2d_input": sum(type(m) is Transformer2DModel for m in mods),
         "transformer_2d_output": sum(type(m) is Transformer2DModel for m in mods),
     }
 
@@ -169,8 +170,9 @@ def test_model_patched_matches_unpatched(name, device):
 
 @pytest.mark.parametrize("linear_projection", [False, True], ids=["conv-proj", "linear-proj"])
 def test_channels_last_unet_stays_channels_last(device, linear_projection):
-    """A channels_last UNet2DConditionModel: every Transformer2DModel's output projection and residual add see
-    channels_last tensors (diffusers copies them to NCHW), and the output matches the unpatched model."""
+    """A channels_last UNet2DConditionModel: every Transformer2DModel reads its input as tokens in place, runs 1x1-conv
+    projections as Linears and returns channels_last (diffusers copies to NCHW before proj_out); the output
+    matches the unpatched model."""
     model, inputs, _ = unet2d_condition()
     if linear_projection:   # SD-2 / SDXL's Linear proj_in / proj_out
         model = diffusers.UNet2DConditionModel(**{**model.config, "use_linear_projection": True})
@@ -183,20 +185,24 @@ def test_channels_last_unet_stays_channels_last(device, linear_projection):
     patch_diffusers(model)
     blocks = [m for m in model.modules() if type(m) is Transformer2DModel]
     assert blocks and patch_summary(model)["transformer_2d_output"] == len(blocks)
+    assert patch_summary(model)["transformer_2d_input"] == len(blocks)
     cl = torch.channels_last
-    seen = []   # per block: proj_out's input (a conv's) and the block's output are channels_last
-    hooks = [m.proj_out.register_forward_hook(lambda mod, args, out: seen.append(
-        args[0].ndim == 3 or args[0].is_contiguous(memory_format=cl))) for m in blocks]
-    hooks += [m.register_forward_hook(lambda mod, args, out: seen.append(out[0].is_contiguous(memory_format=cl)))
-              for m in blocks]
+    seen, proj_inputs = [], []   # every block's output layout; the inputs of proj_in / proj_out modules
+    hooks = [m.register_forward_hook(lambda mod, args, out: seen.append(out[0].is_contiguous(memory_format=cl)))
+             for m in blocks]
+    hooks += [p.register_forward_hook(lambda mod, args, out: proj_inputs.append(args[0].ndim))
+              for m in blocks for p in (m.proj_in, m.proj_out)]
     with torch.no_grad():
         out = model(**inputs).sample
     for h in hooks:
         h.remove()
-    assert seen == [True] * 2 * len(blocks)
+    assert seen == [True] * len(blocks)
+    # 1x1-conv projections run as Linears on the tokens (the modules are not called); Linear ones on 3-D tokens
+    assert proj_inputs == ([3] * 2 * len(blocks) if linear_projection else [])
     assert rel_err(out, ref) < FP32_TOL
     unpatch_diffusers(model)
-    assert not any("_get_output_for_continuous_inputs" in m.__dict__ for m in blocks)
+    assert not any({"_get_output_for_continuous_inputs", "_operate_on_continuous_inputs"} & m.__dict__.keys()
+                   for m in blocks)
 
 
 def test_unet_group_norm_act_pair_fused(device):

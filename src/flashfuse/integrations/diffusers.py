@@ -13,9 +13,9 @@ What the patch does (flags of `patch_diffusers`, all on by default):
 
 - ``norms``:
   - every ``ResnetBlock2D`` gets one generic forward (``_resnet_block_forward``, the same for every instance) on
-    the SAME submodules: norm1 + nonlinearity is one `group_norm(..., activation=...)` kernel, and the time
-    embedding add + norm2 + nonlinearity another (``residual=temb[:, :, None, None]``: the sum x + temb is never
-    written). Up/down-sampling blocks are handled (the activation comes before the resampling, so nothing
+    the SAME submodules: norm1 + nonlinearity is one `group_norm(..., activation=...)` kernel, and conv1's bias
+    + the time embedding add + norm2 + nonlinearity another (``residual=temb[:, :, None, None] + bias``: the sum
+    is never written, and conv1 runs without its bias). Up/down-sampling blocks are handled (the activation comes before the resampling, so nothing
     changes). ``time_embedding_norm="scale_shift"`` fuses norm1 + act and runs norm2 as a plain `group_norm`,
     the modulation and the activation eagerly. Nonlinearities with a kernel: SiLU/swish, Mish, exact GELU;
     others (ReLU, tanh-GELU) keep diffusers' forward (ResnetBlockCondNorm2D with "ada_group"/"spatial" is a
@@ -47,11 +47,13 @@ What the patch does (flags of `patch_diffusers`, all on by default):
   ``h + gate_mlp * ff``) are `ada_layer_norm_gate` and norm3 + (1 + scale_mlp) + shift_mlp is one kernel (an
   affine norm3 is folded into the modulation vectors: ``layer_norm_modulate``). DiT's final ``norm_out``
   modulation lives in the model's own forward and stays eager.
-- ``layout``: ``Transformer2DModel`` (SD's spatial transformer) gets a ``_get_output_for_continuous_inputs``
-  that, for a channels_last input, leaves out diffusers' ``.contiguous()`` before the output projection: the
-  projection, the residual add and the blocks after it stay channels_last (diffusers' speed tip for UNets),
-  instead of one NCHW copy, one strided add and mixed-layout convolutions per transformer block. NCHW inputs
-  run diffusers' own method.
+- ``layout``: ``Transformer2DModel`` (SD's spatial transformer) gets its own ``_operate_on_continuous_inputs``
+  and ``_get_output_for_continuous_inputs`` for channels_last inputs: the (b, c, h, w) activation is read as
+  (b, h * w, c) tokens in place, 1x1-conv projections run as Linears (cuBLAS with the bias in the epilogue,
+  not cuDNN plus a broadcast bias add), and diffusers' ``.contiguous()`` before the output projection is left
+  out, so the residual add and the blocks after it stay channels_last (diffusers' speed tip for UNets) instead
+  of one NCHW copy, one strided add and mixed-layout convolutions per transformer block. NCHW inputs run
+  diffusers' own methods.
 
 Generic forwards are bound per instance (``module.forward``); at call time an input no kernel takes (float64,
 a CPU tensor outside the interpreter, the deprecated ``scale`` argument) runs the class's own forward. A
@@ -107,6 +109,16 @@ def _resnet_block_forward(self, input_tensor, temb, *args, **kwargs):
     if args or kwargs.get("scale") is not None or not _kernel_ok(input_tensor) or input_tensor.ndim != 4:
         return type(self).forward(self, input_tensor, temb, *args, **kwargs)
 
+    if self.time_emb_proj is not None and temb is not None:
+        if not self.skip_time_act:
+            temb = self.nonlinearity(temb)
+        temb = self.time_emb_proj(temb)[:, :, None, None]
+    # conv1's bias joins the time embedding as norm2's (N or 1, C, 1, 1) residual: the norm kernel adds it while
+    # it reads, instead of a separate broadcast-add pass over the activation (torch adds a cuDNN convolution's
+    # bias that way). Kept in the convolution when the sum would change dtype (diffusers promotes there).
+    fold_bias = (_plain_conv(self.conv1) and self.conv1.bias is not None
+                 and (temb is None or temb.dtype == self.conv1.bias.dtype)
+                 and (self.time_embedding_norm == "default" or temb is not None))
     hidden_states = _gn(self.norm1, input_tensor, act)
     if self.upsample is not None:
         # as diffusers: upsample_nearest_nhwc fails with large batch sizes (diffusers issue 984)
@@ -118,14 +130,17 @@ def _resnet_block_forward(self, input_tensor, temb, *args, **kwargs):
     elif self.downsample is not None:
         input_tensor = self.downsample(input_tensor)
         hidden_states = self.downsample(hidden_states)
-    hidden_states = self.conv1(hidden_states)
+    if fold_bias:
+        hidden_states = self.conv1._conv_forward(hidden_states, self.conv1.weight, None)
+        bias = self.conv1.bias[:, None, None]
+    else:
+        hidden_states = self.conv1(hidden_states)
+        bias = None
 
-    if self.time_emb_proj is not None:
-        if not self.skip_time_act:
-            temb = self.nonlinearity(temb)
-        temb = self.time_emb_proj(temb)[:, :, None, None]
     if self.time_embedding_norm == "default" and (temb is None or temb.dtype == hidden_states.dtype):
-        hidden_states = _gn(self.norm2, hidden_states, act, residual=temb)  # act(GN(h + temb))
+        if bias is not None:
+            temb = bias if temb is None else temb + bias
+        hidden_states = _gn(self.norm2, hidden_states, act, residual=temb)  # act(GN(h + bias + temb))
     elif self.time_embedding_norm == "default":
         # a time embedding in another dtype: torch's add promotes, as diffusers does; then one fused kernel
         hidden_states = _gn(self.norm2, hidden_states + temb, act)
@@ -133,7 +148,7 @@ def _resnet_block_forward(self, input_tensor, temb, *args, **kwargs):
         if temb is None:
             raise ValueError(f" `temb` should not be None when `time_embedding_norm` is {self.time_embedding_norm}")
         time_scale, time_shift = torch.chunk(temb, 2, dim=1)
-        hidden_states = _gn(self.norm2, hidden_states) * (1 + time_scale) + time_shift
+        hidden_states = _gn(self.norm2, hidden_states, residual=bias) * (1 + time_scale) + time_shift
         hidden_states = self.nonlinearity(hidden_states)
 
     hidden_states = self.dropout(hidden_states)
@@ -150,18 +165,54 @@ def _rescale(x: torch.Tensor, factor) -> torch.Tensor:
     return x if factor == 1 else x / factor
 
 
+def _plain_conv(conv) -> bool:
+    """An nn.Conv2d itself (not a LoRA / quantized subclass), whose forward is _conv_forward(x, weight, bias)."""
+    return type(conv) is nn.Conv2d
+
+
+def _pointwise_conv(conv) -> bool:
+    """A 1x1 nn.Conv2d that is a matrix product over channels (no stride, padding, dilation or groups)."""
+    return (_plain_conv(conv) and conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv.padding == (0, 0)
+            and conv.dilation == (1, 1) and conv.groups == 1)
+
+
+def _pointwise(conv, tokens: torch.Tensor) -> torch.Tensor:
+    """A 1x1 convolution on (..., C_in) tokens as a Linear (cuBLAS, bias in the GEMM's epilogue)."""
+    return nn.functional.linear(tokens, conv.weight.flatten(1), conv.bias)
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    """4-D channels_last and not also NCHW-contiguous (C = 1 or 1 x 1 pixels are both)."""
+    return t.ndim == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+
+
+def _transformer_2d_input(self, hidden_states):
+    """Transformer2DModel._operate_on_continuous_inputs for a channels_last input with a 1x1-conv proj_in: the
+    normalized (b, c, h, w) activation is read as (b, h * w, c) tokens in place and proj_in runs as a Linear
+    (cuBLAS with the bias in its epilogue instead of cuDNN then a broadcast bias add)."""
+    if not (_channels_last(hidden_states) and not self.use_linear_projection and _pointwise_conv(self.proj_in)):
+        return type(self)._operate_on_continuous_inputs(self, hidden_states)
+    batch, channels, height, width = hidden_states.shape
+    hidden_states = self.norm(hidden_states)
+    tokens = hidden_states.permute(0, 2, 3, 1).reshape(batch, height * width, channels)   # a view
+    hidden_states = _pointwise(self.proj_in, tokens)
+    return hidden_states, hidden_states.shape[-1]
+
+
 def _transformer_2d_output(self, hidden_states, residual, batch_size, height, width, inner_dim):
     """Transformer2DModel._get_output_for_continuous_inputs for a channels_last input: the tokens (b, h * w, c)
     viewed as (b, c, h, w) are channels_last already, so proj_out (1x1 conv or Linear) and the residual add
     run in the input's layout. diffusers' ``.contiguous()`` there copies them to NCHW, and a channels_last UNet
     then flips layouts at every transformer block (a copy, a strided add, convolutions on mixed layouts)."""
-    if not residual.is_contiguous(memory_format=torch.channels_last) or residual.is_contiguous():
+    if not _channels_last(residual):
         return type(self)._get_output_for_continuous_inputs(self, hidden_states, residual, batch_size, height,
                                                             width, inner_dim)
     if self.use_linear_projection:
         hidden_states = self.proj_out(hidden_states)
-    hidden_states = hidden_states.reshape(batch_size, height, width, inner_dim).permute(0, 3, 1, 2)
-    if not self.use_linear_projection:
+    elif _pointwise_conv(self.proj_out):   # as proj_in: a Linear on the tokens
+        hidden_states = _pointwise(self.proj_out, hidden_states)
+    hidden_states = hidden_states.reshape(batch_size, height, width, -1).permute(0, 3, 1, 2)   # channels_last view
+    if not self.use_linear_projection and not _pointwise_conv(self.proj_out):
         hidden_states = self.proj_out(hidden_states)
     return hidden_states + residual
 
@@ -301,6 +352,8 @@ _FORWARDS = (
              _ada_norm_zero_check, "ada_layer_norm_zero"),
     _Forward("adaln", "diffusers.models.attention", "BasicTransformerBlock", _basic_block_forward,
              _basic_block_check, "ada_norm_zero_block"),
+    _Forward("layout", "diffusers.models.transformers.transformer_2d", "Transformer2DModel", _transformer_2d_input,
+             lambda m: None, "transformer_2d_input", method="_operate_on_continuous_inputs"),
     _Forward("layout", "diffusers.models.transformers.transformer_2d", "Transformer2DModel", _transformer_2d_output,
              lambda m: None, "transformer_2d_output", method="_get_output_for_continuous_inputs"),
 )
@@ -330,7 +383,7 @@ def _class(module: str, name: str):
 
 _STATE = "_flashfuse_diffusers_patch"
 _COUNT_KEYS = ("group_norm_act", "group_norm", "layer_norm", "resnet_block", "attn_processor", "geglu",
-               "ada_layer_norm_zero", "ada_norm_zero_block", "transformer_2d_output")
+               "ada_layer_norm_zero", "ada_norm_zero_block", "transformer_2d_input", "transformer_2d_output")
 
 
 @dataclasses.dataclass
@@ -403,16 +456,13 @@ def _patch_norms(model: nn.Module, state: _PatchState) -> None:
 
 
 def _patch_forwards(model: nn.Module, flags: dict, state: _PatchState) -> None:
-    rows = {}
+    rows: dict[type, list] = {}
     for row in _FORWARDS:
         cls = _class(row.module, row.cls) if flags[row.flag] else None
         if cls is not None:
-            rows[cls] = row
+            rows.setdefault(cls, []).append(row)
     kept: dict[tuple, int] = {}
-    for module in model.modules():
-        row = rows.get(type(module))
-        if row is None:
-            continue
+    for module, row in [(m, r) for m in model.modules() for r in rows.get(type(m), ())]:
         reason = row.check(module)
         if reason is None and row.method in module.__dict__:
             reason = f"it already has an instance-level {row.method} (a hook?)"
@@ -536,7 +586,7 @@ def patch_summary(model: nn.Module) -> dict:
     """How many modules `patch_diffusers` patched, by kind (all zeros for a model that is not patched):
     group_norm_act (GroupNorm + activation pairs), group_norm, layer_norm (swapped modules), resnet_block,
     geglu (GEGLU / SwiGLU), ada_layer_norm_zero, ada_norm_zero_block (generic forwards), attn_processor,
-    transformer_2d_output (Transformer2DModel output kept channels_last)."""
+    transformer_2d_input, transformer_2d_output (Transformer2DModel's channels_last paths)."""
     state = model.__dict__.get(_STATE)
     return dict(state.counts) if state is not None else dict.fromkeys(_COUNT_KEYS, 0)
 
