@@ -15,8 +15,8 @@ What the patch does (flags of `patch_diffusers`, all on by default):
   - every ``ResnetBlock2D`` gets one generic forward (``_resnet_block_forward``, the same for every instance) on
     the SAME submodules: norm1 + nonlinearity is one `group_norm(..., activation=...)` kernel, and conv1's bias
     + the time embedding add + norm2 + nonlinearity another (``residual=temb[:, :, None, None] + bias``: the sum
-    is never written, and conv1 runs without its bias). Up/down-sampling blocks are handled (the activation comes before the resampling, so nothing
-    changes). ``time_embedding_norm="scale_shift"`` fuses norm1 + act and runs norm2 as a plain `group_norm`,
+    is never written, and conv1 runs without its bias). Up/down-sampling blocks are handled (the activation
+    comes before the resampling, so nothing changes). ``time_embedding_norm="scale_shift"`` fuses norm1 + act and runs norm2 as a plain `group_norm`,
     the modulation and the activation eagerly. Nonlinearities with a kernel: SiLU/swish, Mish, exact GELU;
     others (ReLU, tanh-GELU) keep diffusers' forward (ResnetBlockCondNorm2D with "ada_group"/"spatial" is a
     different class and is not touched).
@@ -109,7 +109,7 @@ def _resnet_block_forward(self, input_tensor, temb, *args, **kwargs):
     if args or kwargs.get("scale") is not None or not _kernel_ok(input_tensor) or input_tensor.ndim != 4:
         return type(self).forward(self, input_tensor, temb, *args, **kwargs)
 
-    if self.time_emb_proj is not None and temb is not None:
+    if self.time_emb_proj is not None:
         if not self.skip_time_act:
             temb = self.nonlinearity(temb)
         temb = self.time_emb_proj(temb)[:, :, None, None]
