@@ -78,7 +78,7 @@ from ..nn.norm import LayerNorm
 from ..ops.group_norm import group_norm
 from ..nn.mlp import gated_activation
 from ..ops.modulation import ada_layer_norm_gate, ada_layer_norm_zero_forward, layer_norm_modulate
-from .diffusers_attention import FlashfuseAttnProcessor, _kernel_ok
+from .diffusers_attention import FlashfuseAttnProcessor, _kernel_ok, _rescale
 
 __all__ = ["patch_diffusers", "unpatch_diffusers", "patched_diffusers", "patch_summary", "FlashfuseAttnProcessor"]
 
@@ -117,8 +117,7 @@ def _resnet_block_forward(self, input_tensor, temb, *args, **kwargs):
     # it reads, instead of a separate broadcast-add pass over the activation (torch adds a cuDNN convolution's
     # bias that way). Kept in the convolution when the sum would change dtype (diffusers promotes there).
     fold_bias = (_plain_conv(self.conv1) and self.conv1.bias is not None
-                 and (temb is None or temb.dtype == self.conv1.bias.dtype)
-                 and (self.time_embedding_norm == "default" or temb is not None))
+                 and (temb is None or temb.dtype == self.conv1.bias.dtype))
     hidden_states = _gn(self.norm1, input_tensor, act)
     if self.upsample is not None:
         # as diffusers: upsample_nearest_nhwc fails with large batch sizes (diffusers issue 984)
@@ -158,11 +157,6 @@ def _resnet_block_forward(self, input_tensor, temb, *args, **kwargs):
             input_tensor = input_tensor.contiguous()
         input_tensor = self.conv_shortcut(input_tensor)
     return _rescale(input_tensor + hidden_states, self.output_scale_factor)
-
-
-def _rescale(x: torch.Tensor, factor) -> torch.Tensor:
-    """x / factor, without a kernel for diffusers' usual factor 1.0 (x / 1.0 == x exactly)."""
-    return x if factor == 1 else x / factor
 
 
 def _plain_conv(conv) -> bool:
@@ -207,13 +201,12 @@ def _transformer_2d_output(self, hidden_states, residual, batch_size, height, wi
     if not _channels_last(residual):
         return type(self)._get_output_for_continuous_inputs(self, hidden_states, residual, batch_size, height,
                                                             width, inner_dim)
-    if self.use_linear_projection:
-        hidden_states = self.proj_out(hidden_states)
-    elif _pointwise_conv(self.proj_out):   # as proj_in: a Linear on the tokens
-        hidden_states = _pointwise(self.proj_out, hidden_states)
-    hidden_states = hidden_states.reshape(batch_size, height, width, -1).permute(0, 3, 1, 2)   # channels_last view
-    if not self.use_linear_projection and not _pointwise_conv(self.proj_out):
-        hidden_states = self.proj_out(hidden_states)
+    if self.use_linear_projection or _pointwise_conv(self.proj_out):   # on the tokens (a 1x1 conv as a Linear)
+        hidden_states = (self.proj_out(hidden_states) if self.use_linear_projection
+                         else _pointwise(self.proj_out, hidden_states))
+        hidden_states = hidden_states.reshape(batch_size, height, width, -1).permute(0, 3, 1, 2)   # channels_last
+    else:   # another conv, on the channels_last view
+        hidden_states = self.proj_out(hidden_states.reshape(batch_size, height, width, inner_dim).permute(0, 3, 1, 2))
     return hidden_states + residual
 
 

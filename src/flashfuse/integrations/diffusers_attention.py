@@ -18,6 +18,11 @@ def _kernel_ok(t: torch.Tensor) -> bool:
     return t.dtype in FLOAT_DTYPES and (t.is_cuda or INTERPRET)
 
 
+def _rescale(x: torch.Tensor, factor) -> torch.Tensor:
+    """x / factor, without a kernel for diffusers' usual factor 1.0 (x / 1.0 == x exactly)."""
+    return x if factor == 1 else x / factor
+
+
 class FlashfuseAttnProcessor:
     """Attention processor on flashfuse's kernels, with the contract of diffusers' ``AttnProcessor2_0``
     (``legacy=False``: softmax scale 1/sqrt(head_dim), norm_q / norm_k applied) or ``AttnProcessor``
@@ -102,6 +107,4 @@ class FlashfuseAttnProcessor:
             hidden_states = hidden_states.transpose(-1, -2).reshape(batch_size, channel, height, width)
         if attn.residual_connection:
             hidden_states = hidden_states + residual
-        if attn.rescale_output_factor != 1:   # diffusers' usual 1.0: no division kernel
-            hidden_states = hidden_states / attn.rescale_output_factor
-        return hidden_states
+        return _rescale(hidden_states, attn.rescale_output_factor)

@@ -109,6 +109,8 @@ CHUNK_STAGES = 3
 # The second pass over x (normalize; dx) of LOOP, SPLIT and CHUNKED walks its tiles backwards, so that it
 # starts on the tiles the first pass read last, still in L2 (see _kernels._tile_start), with this L2 eviction
 # policy on its loads and stores ("" or "evict_first": lines it reads for the last time and lines it writes).
+# Measured (H200, bf16, session 10): backwards +1.6..5.7 points of copy at the 42-84 MB shapes, noise elsewhere;
+# evict_first no gain in either order (off).
 REVERSE_SECOND_PASS = True
 SECOND_PASS_EVICT = ""
 SPIN_LIMIT = 1 << 21   # ~1 s of polling before a unit gives up with NaN statistics (never in a sound launch)
