@@ -6,15 +6,12 @@ from functools import partial
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from attention_utils import (assert_zero_rows, check_attention, flash_ref, no_key_rows_flash, rand, rand_qkv,
                              sdpa_ref)
 from flashfuse import flash_attn_func, scaled_dot_product_attention
 from flashfuse.ops._triton import tma_scratch
 from flashfuse.ops.attention import flash_fwd
-from flashfuse.ops.attention._flash_common import softmax_exp2
 
 F32, F16 = torch.float32, torch.float16
 
@@ -120,61 +117,3 @@ def test_tma_allocator_set_once():
         flash_fwd.ensure_tma_allocator()
         assert _allocation._allocator.get() is mine
     contextvars.copy_context().run(run)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Exponentials on the FMA pipe (_flash_common.exp2_fma / softmax_exp2, flash_fwd.POLY_EXP2)
-# ----------------------------------------------------------------------------------------------------
-
-@triton.jit
-def _softmax_exp2_kernel(X, Y, ROWS: tl.constexpr, COLS: tl.constexpr, POLY_EXP2: tl.constexpr):
-    o = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
-    tl.store(Y + o, softmax_exp2(tl.load(X + o), POLY_EXP2))
-
-
-@pytest.mark.parametrize("degree, bound", [(3, 1.05e-4), (4, 3e-6)])
-def test_softmax_exp2_polynomial(device, degree, bound):
-    """Odd columns through the polynomial, even ones through exp2: relative error within the fit's bound
-    against float64 over every fraction and the whole exponent range the softmax can produce; -inf (a masked
-    score) gives exactly 0, as exp2; NaN stays NaN; below 2^-126 the result is tiny and non-negative."""
-    rows, cols = 64, 128
-    x = -torch.rand(rows, cols, dtype=torch.float64) * 126.0
-    x[0, :64] = torch.linspace(-1.0, 0.0, 64, dtype=torch.float64)      # every fraction near the max
-    x[1, :] = 0.0
-    x[2, ::2] = float("-inf")
-    x[2, 1::2] = float("-inf")
-    x[3, 1] = float("nan")
-    x[4, 1::2] = -126.9
-    x = x.to(torch.float32).to(device)
-    y = torch.empty_like(x)
-    _softmax_exp2_kernel[(1,)](x, y, rows, cols, degree)
-    y = y.double().cpu()
-    ref = torch.exp2(x.double().cpu())
-    normal = torch.isfinite(ref) & (ref >= 2.0 ** -126)
-    err = ((y - ref).abs() / ref)[normal]
-    assert err.max() <= bound, err.max()
-    even = torch.zeros_like(normal)
-    even[:, ::2] = True
-    assert ((y - ref).abs() / ref)[normal & even].max() <= 1e-6      # the SFU (or numpy) columns
-    assert (y[2] == 0).all()
-    assert torch.isnan(y[3, 1]) and not torch.isnan(y[3, 2:]).any()
-    assert ((y[4, 1::2] >= 0) & (y[4, 1::2] < 2.0 ** -125)).all()
-
-
-@pytest.mark.parametrize("kernel", ["fast", "pointer"])
-@pytest.mark.parametrize("dtype, degree", [(torch.bfloat16, 3), (F16, 4)], ids=["bf16-deg3", "fp16-deg4"])
-def test_forward_poly_exp2(device, monkeypatch, kernel, dtype, degree):
-    """Both forward kernels with half the exponentials on the FMA pipe: out, lse and every gradient (the
-    backward consumes this lse) by the usual criterion, rows with no visible key exactly 0."""
-    monkeypatch.setitem(flash_fwd.POLY_EXP2, dtype, degree)
-    monkeypatch.setattr(flash_fwd, "FAST_FORWARD", kernel == "fast")
-    if kernel == "fast":
-        monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
-    q, k, v = rand_qkv(2, 131, 77, 4, 2, 32, dtype=dtype, device=device)
-    opts = {"causal": True}
-    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
-    grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse)
-    empty = no_key_rows_flash(ref_lse)
-    assert empty.any()
-    assert_zero_rows("out", out.detach(), empty)
-    assert_zero_rows("dq", grads["q"], empty)

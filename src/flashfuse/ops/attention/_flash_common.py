@@ -27,51 +27,6 @@ from .._triton import tanh
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 
-# Part of the softmax's exponentials on the FMA pipe (FlashAttention-4's trick, here for Hopper). Per score
-# the forward does one exp2 on the SFU (MUFU.EX2: 16 per clock per SM on sm_90) against 4 x head_dim FLOPs of
-# tensor-core work (~4096 per clock per SM): at head dim 64 the SFU needs as long as the two dots, at 128 half
-# as long, so whatever the scheduler fails to overlap is exponent time. exp2_fma computes 2^x with adds,
-# three or four FMAs and two integer ops instead (FP32 pipe: 128 per clock per SM):
-#     x = max(x, -127);  t = x + 1.5 * 2^23 (round to nearest: t's low bits hold j = round(x));
-#     f = x - j in [-1/2, 1/2];  2^x = 2^f * 2^j = bits(poly(f)) + (j << 23)
-# poly(0) = 1 exactly, so x = -127 (a masked -inf score) gives the bits 0: exactly 0.0, as exp2(-inf).
-# Least-squares fits of 2^f on [-1/2, 1/2], max relative error 1.0e-4 (degree 3; bf16's half ulp is 2.0e-3)
-# and 2.9e-6 (degree 4; fp16's half ulp 2.4e-4).
-EXP2_C31: tl.constexpr = tl.constexpr(0.693282961845398)
-EXP2_C32: tl.constexpr = tl.constexpr(0.2422110140323639)
-EXP2_C33: tl.constexpr = tl.constexpr(0.05500885844230652)
-EXP2_C41: tl.constexpr = tl.constexpr(0.6931241750717163)
-EXP2_C42: tl.constexpr = tl.constexpr(0.24024099111557007)
-EXP2_C43: tl.constexpr = tl.constexpr(0.05590643733739853)
-EXP2_C44: tl.constexpr = tl.constexpr(0.00958284642547369)
-ROUND_MAGIC: tl.constexpr = tl.constexpr(12582912.0)     # 1.5 * 2^23
-
-
-@triton.jit
-def exp2_fma(x, DEGREE: tl.constexpr):
-    """2^x for x <= 0 (scores minus their running max) without the SFU: see the comment above."""
-    x = tl.maximum(x, -127.0, propagate_nan=tl.PropagateNan.ALL)
-    t = x + ROUND_MAGIC
-    f = x - (t - ROUND_MAGIC)
-    if DEGREE == 3:
-        p = ((EXP2_C33 * f + EXP2_C32) * f + EXP2_C31) * f + 1.0
-    else:
-        p = (((EXP2_C44 * f + EXP2_C43) * f + EXP2_C42) * f + EXP2_C41) * f + 1.0
-    bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def softmax_exp2(x, POLY_EXP2: tl.constexpr):
-    """exp2 of a [ROWS, COLS] score tile: on the SFU, or (POLY_EXP2 = 3 or 4, the polynomial degree) the odd
-    columns through exp2_fma so that the SFU and the FP32 pipe share the work. A thread of the tensor-core
-    accumulator layout holds column pairs, so the split and join move no data between threads."""
-    if POLY_EXP2 == 0:
-        return tl.exp2(x)
-    even, odd = tl.split(tl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
-    return tl.reshape(tl.join(tl.exp2(even), exp2_fma(odd, POLY_EXP2)), [x.shape[0], x.shape[1]])
-
-
 @triton.jit
 def seq_bounds(p_cu_seqlens, i_b, seqlen, IS_VARLEN: tl.constexpr):
     """(start row, length) of sequence i_b: packed by cu_seqlens, or one batch entry of ``seqlen`` rows."""

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ..._env import INTERPRET
 from .._triton import cdiv, dot, ensure_tma_allocator, next_power_of_2, sm_count
-from ._flash_common import LOG2E, kernel_options, key_block_phases, score_mod, seq_bounds, softmax_exp2
+from ._flash_common import LOG2E, kernel_options, key_block_phases, score_mod, seq_bounds
 from .dropout import dropout_keep
 
 
@@ -53,7 +53,7 @@ def _fwd_key_blocks(acc, acc2, l_i, m_i, q, q2, k_base, v_base, start, end, o_m,
                     p_rng, dropout_p, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
                     HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_D2: tl.constexpr, POLY_EXP2: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_D2: tl.constexpr):
     """One phase of the key loop over key blocks [start, end); MASKED phases check every element.
     With BLOCK_D2 > 0 the head dim is split: columns o_d in q / acc, the tail o_d2 in q2 / acc2."""
     for start_n in range(start, end, BLOCK_N):
@@ -77,7 +77,7 @@ def _fwd_key_blocks(acc, acc2, l_i, m_i, q, q2, k_base, v_base, start, end, o_m,
         if MASKED or HAS_BIAS:
             # A row may still have seen nothing but -inf: subtract 0, not -inf (which would give NaN).
             m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = softmax_exp2(s2 - m_new[:, None], POLY_EXP2)
+        p = tl.exp2(s2 - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -107,7 +107,7 @@ def _flash_fwd_kernel(
     BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    BLOCK_D2: tl.constexpr, VEC: tl.constexpr, POLY_EXP2: tl.constexpr,
+    BLOCK_D2: tl.constexpr, VEC: tl.constexpr,
 ):
     # Head dims: columns [0, BLOCK_D) in q / acc (masked to head_dim unless EVEN_D), and when BLOCK_D2 > 0
     # a tail [BLOCK_D, BLOCK_D + BLOCK_D2) in q2 / acc2, masked to head_dim (72 = 64 + 16 instead of 128).
@@ -173,20 +173,17 @@ def _flash_fwd_kernel(
         acc, acc2, l_i, m_i, q, q2, k_base, v_base, lo, full_lo, o_m, o_d, m_d, o_d2, m_d2, i_bh,
         seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale,
         softcap_log2, alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT,
-        HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N, BLOCK_D2,
-        POLY_EXP2)
+        HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N, BLOCK_D2)
     acc, acc2, l_i, m_i = _fwd_key_blocks(
         acc, acc2, l_i, m_i, q, q2, k_base, v_base, full_lo, full_hi, o_m, o_d, m_d, o_d2, m_d2, i_bh,
         seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale,
         softcap_log2, alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p, False, HAS_LEFT,
-        HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N, BLOCK_D2,
-        POLY_EXP2)
+        HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N, BLOCK_D2)
     acc, acc2, l_i, m_i = _fwd_key_blocks(
         acc, acc2, l_i, m_i, q, q2, k_base, v_base, full_hi, hi, o_m, o_d, m_d, o_d2, m_d2, i_bh,
         seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_left, window_right, qk_scale, softcap_scale,
         softcap_log2, alibi_slope_log2, p_bias, stride_bias_m, stride_bias_n, p_rng, dropout_p, True, HAS_LEFT,
-        HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N, BLOCK_D2,
-        POLY_EXP2)
+        HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, BLOCK_N, BLOCK_D2)
 
     empty = l_i == 0.0                                         # rows that saw no key
     l_safe = tl.where(empty, 1.0, l_i)
@@ -223,7 +220,7 @@ def _flash_fwd_kernel(
 @triton.jit
 def _fwd_fast_tile(acc, l_i, m_i, q, b_k, b_v, o_m, start_n, seqlen_q, seqlen_k, window_right, qk_scale,
                    p_any, MASKED: tl.constexpr, HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-                   BLOCK_N: tl.constexpr, POLY_EXP2: tl.constexpr):
+                   BLOCK_N: tl.constexpr):
     """One online-softmax step of a row block q [ROWS, D] against one key tile b_k, b_v [BLOCK_N, D]."""
     qk = dot(q, tl.trans(b_k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32))     # [ROWS, BLOCK_N]
     o_n = start_n + tl.arange(0, BLOCK_N)
@@ -232,7 +229,7 @@ def _fwd_fast_tile(acc, l_i, m_i, q, b_k, b_v, o_m, start_n, seqlen_q, seqlen_k,
     m_new = tl.maximum(m_i, tl.max(s2, 1))
     if MASKED:
         m_new = tl.where(m_new == float("-inf"), 0.0, m_new)   # rows with no visible key yet (see above)
-    p = softmax_exp2(s2 - m_new[:, None], POLY_EXP2)
+    p = tl.exp2(s2 - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     acc = dot(p.to(b_v.dtype), b_v, acc * alpha[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)                           # after the dot: p's registers free sooner
@@ -256,19 +253,17 @@ def _fwd_fast_key_blocks(acc0, l0, m0, acc1, l1, m1, q0, q1, k_src, v_src, start
                          seqlen_q, seqlen_k, stride_k_s, stride_v_s, window_right, qk_scale, p_any,
                          MASKED: tl.constexpr, HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_M: tl.constexpr,
-                         USE_TMA: tl.constexpr, POLY_EXP2: tl.constexpr):
+                         USE_TMA: tl.constexpr):
     """Key blocks [start, end) for both row halves (the second one only when SPLIT_M)."""
     for start_n in range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         b_k = _load_rows(k_src, start_n, seqlen_k, stride_k_s, BLOCK_N, BLOCK_D, USE_TMA)   # [BLOCK_N, BLOCK_D]
         b_v = _load_rows(v_src, start_n, seqlen_k, stride_v_s, BLOCK_N, BLOCK_D, USE_TMA)
         acc0, l0, m0 = _fwd_fast_tile(acc0, l0, m0, q0, b_k, b_v, o_m0, start_n, seqlen_q, seqlen_k,
-                                      window_right, qk_scale, p_any, MASKED, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_N,
-                                      POLY_EXP2)
+                                      window_right, qk_scale, p_any, MASKED, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_N)
         if SPLIT_M:
             acc1, l1, m1 = _fwd_fast_tile(acc1, l1, m1, q1, b_k, b_v, o_m1, start_n, seqlen_q, seqlen_k,
-                                          window_right, qk_scale, p_any, MASKED, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_N,
-                                          POLY_EXP2)
+                                          window_right, qk_scale, p_any, MASKED, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_N)
     return acc0, l0, m0, acc1, l1, m1
 
 
@@ -298,7 +293,7 @@ def _flash_fwd_fast_kernel(
     nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_right,
     HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT_M: tl.constexpr, USE_TMA: tl.constexpr, POLY_EXP2: tl.constexpr,
+    SPLIT_M: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # q, o: [batch, seqlen_q, nheads_q, BLOCK_D]; k, v: [batch, seqlen_k, nheads_k, BLOCK_D]; lse: [batch,
     # nheads_q, seqlen_q]. Grid (cdiv(seqlen_q, BLOCK_M), batch * nheads_q), heaviest row blocks first.
@@ -344,11 +339,11 @@ def _flash_fwd_fast_kernel(
     acc0, l0, mx0, acc1, l1, mx1 = _fwd_fast_key_blocks(
         acc0, l0, mx0, acc1, l1, mx1, q0, q1, k_src, v_src, 0, full_hi, o_m0, o_m1, seqlen_q, seqlen_k,
         stride_k_s, stride_v_s, window_right, qk_scale, p_lse, False, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_N,
-        BLOCK_D, SPLIT_M, USE_TMA, POLY_EXP2)
+        BLOCK_D, SPLIT_M, USE_TMA)
     acc0, l0, mx0, acc1, l1, mx1 = _fwd_fast_key_blocks(
         acc0, l0, mx0, acc1, l1, mx1, q0, q1, k_src, v_src, full_hi, hi, o_m0, o_m1, seqlen_q, seqlen_k,
         stride_k_s, stride_v_s, window_right, qk_scale, p_lse, True, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_N,
-        BLOCK_D, SPLIT_M, USE_TMA, POLY_EXP2)
+        BLOCK_D, SPLIT_M, USE_TMA)
 
     _fwd_fast_store(p_o, p_lse, o_dst, acc0, l0, mx0, o_m0, m0, seqlen_q, stride_o_s, BLOCK_D, USE_TMA)
     if SPLIT_M:
@@ -362,9 +357,6 @@ def _flash_fwd_fast_kernel(
 
 # Widest vector one thread moves per load or store: 16 bytes (cp.async.cg / ld.global.v4).
 VEC_BYTES = 16
-# Degree of the polynomial exp2 that takes the odd score columns off the SFU (_flash_common.softmax_exp2), per
-# input dtype; 0: every exponential on the SFU. fp32 inputs always use the SFU.
-POLY_EXP2 = {torch.bfloat16: 0, torch.float16: 0}
 # Split head dims into a power-of-two main part and tail (flash_fwd only; the backward pads). Module constant
 # so benchmarks/tune_attention_small.py can measure padding against splitting.
 SPLIT_HEAD_DIM = True
@@ -562,8 +554,7 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
         _flash_fwd_fast_kernel[grid](
             q, k, v, out, lse, *q_strides[:3], *k_strides[:3], *v_strides[:3], *o_strides[:3], *lse_strides,
             nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, softmax_scale * math.log2(math.e), window_right,
-            HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_D=head_dim,
-            POLY_EXP2=POLY_EXP2.get(q.dtype, 0), **fast)
+            HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_D=head_dim, **fast)
         return out, lse
 
     block_d, block_d2 = head_dim_split(head_dim, q.dtype)
@@ -577,7 +568,7 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
                          attn_bias is not None, seqlen_q, seqlen_k, batch * nheads_q,
                          132 if INTERPRET else sm_count(q.device))
     flags = dict(opts.flags, BLOCK_D=block_d, EVEN_D=block_d2 > 0 or block_d == head_dim, BLOCK_D2=block_d2,
-                 VEC=vector_width(head_dim, q.element_size(), (q, k, v, out)), POLY_EXP2=POLY_EXP2.get(q.dtype, 0))
+                 VEC=vector_width(head_dim, q.element_size(), (q, k, v, out)))
     grid = (cdiv(seqlen_q, cfg["BLOCK_M"]), batch * nheads_q)
     _flash_fwd_kernel[grid](
         q, k, v, out, lse, *opts.pointers,
