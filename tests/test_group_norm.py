@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 import flashfuse.ops.group_norm as gn_ops
-from flashfuse.ops.group_norm_details import _chunked_launch as chunked_launch
 from flashfuse.nn.group_norm import GroupNormAct
 from flashfuse.ops.group_norm import group_norm
 from flashfuse.reference.group_norm import group_norm_ref
@@ -106,8 +105,7 @@ def test_group_norm(device, shape, dtype, layout, activation, weight, bias, resi
         assert y.is_contiguous(memory_format=CL)
 
 
-@pytest.mark.parametrize("order", [(True, "", True), (False, "evict_first", False)],
-                         ids=["reverse-fold", "forward-evict-kernel2"])
+@pytest.mark.parametrize("order", [(True, ""), (False, "evict_first")], ids=["reverse", "forward-evict"])
 @pytest.mark.parametrize("mode", ["loop", "split"])
 @pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
 def test_launch_modes(device, monkeypatch, mode, layout, order):
@@ -190,19 +188,16 @@ CHUNKED_CASES = [
 ]
 
 
-@pytest.mark.parametrize("order", [(True, "", True), (False, "evict_first", False)],
-                         ids=["reverse-fold", "forward-evict-kernel2"])
+@pytest.mark.parametrize("order", [(True, ""), (False, "evict_first")], ids=["reverse", "forward-evict"])
 @pytest.mark.parametrize("layout, shape, groups, activation, weight, residual, tile, sms, wave, dtype",
                          CHUNKED_CASES)
 def test_chunked_mode(device, monkeypatch, layout, shape, groups, activation, weight, residual, tile, sms, wave,
                       dtype, order):
     """CHUNKED (per-channel partials over pixel chunks, per-group finalize, waves of samples): output and
     every gradient, a mean far from 0 (no E[s^2] - mean^2). NCHW is forced in with a tiny one-tile cap. Kernel 3
-    walks its tiles backwards (the default) with the forward's finalize folded into it (the default), or
-    forwards with an eviction policy after a separate finalize kernel."""
+    walks its tiles backwards (the default) or forwards with an eviction policy."""
     monkeypatch.setattr(gn_ops, "REVERSE_SECOND_PASS", order[0])
     monkeypatch.setattr(gn_ops, "SECOND_PASS_EVICT", order[1])
-    monkeypatch.setattr(chunked_launch, "FOLD_MAX_SPAN", 2048 if order[2] else 0)
     x = torch.empty(shape, device=device)
     itemsize = torch.empty((), dtype=dtype).element_size()
     inputs = 3 if residual == "full" else 2                 # the backward's wave counts x, dy (and residual)
@@ -221,7 +216,6 @@ def test_chunked_mode(device, monkeypatch, layout, shape, groups, activation, we
     assert plan.n_chunks > 1 or plan.chunk_hw > plan.block_hw or cpg % plan.block_c, \
         "several chunks, several tiles per chunk, or channel blocks straddling groups"
     assert plan.wave == (wave or shape[0])
-    assert chunked_launch._fold_blocks(plan, cpg)["FOLD"] == order[2]
     t = make(shape, dtype, device, layout=layout, weight=weight, bias=weight, residual=residual,
              shift=300.0 if dtype is F32 else 3.0)
     check(t, groups, activation, TOL[dtype])

@@ -146,81 +146,24 @@ def _per_channel(STAT, i_n, o_c, m_c, CPG, num_groups):
 
 
 @triton.jit
-def _block_group_stats(X, R, DELTA_PART, M2_PART, MEAN, RSTD, i_n, i_k, o_c, C, HW, CPG, num_groups, chunk_hw,
-                       n_chunks, group_size, eps, stride_x_c, stride_r_c, HAS_RESIDUAL: tl.constexpr,
-                       BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_SPAN: tl.constexpr,
-                       BLOCK_G: tl.constexpr):
-    """Kernel 2 folded into kernel 3: mu and rstd per channel of the block o_c ([BLOCK_C, 1] each), merged
-    from the partials of the groups the block touches (a span of whole groups, up to BLOCK_SPAN channels):
-    per channel S1 = sum_k P_k delta_ck, S2 = sum_k (m2_ck + P_k delta_ck^2); per group dmu = sum_c S1 / M,
-    m2 = sum_c S2 - M dmu^2 (= Chan's sum m2_ck + sum P_k (delta_ck - dmu)^2). The programs of chunk 0 store
-    mu, rstd of the groups that start in their block to MEAN, RSTD [N, G]."""
-    c_first = tl.program_id(2) * BLOCK_C                                      # the block's first channel
-    g_lo = c_first // CPG
-    g_hi = (tl.minimum(c_first + BLOCK_C, C) - 1) // CPG                     # last group touched
-    o_s = g_lo * CPG + tl.arange(0, BLOCK_SPAN)                               # [BLOCK_SPAN] channels
-    m_s = o_s < (g_hi + 1) * CPG
-    s1 = tl.zeros([BLOCK_SPAN], dtype=tl.float32)
-    s2 = tl.zeros([BLOCK_SPAN], dtype=tl.float32)
-    for k0 in range(0, n_chunks, BLOCK_K):
-        o_k = k0 + tl.arange(0, BLOCK_K)                                      # [BLOCK_K]
-        mask = (o_k < n_chunks)[:, None] & m_s[None, :]
-        cnt = tl.minimum(tl.maximum(HW - o_k * chunk_hw, 0), chunk_hw).to(tl.float32)
-        p = (i_n * n_chunks + o_k)[:, None] * C + o_s[None, :]
-        delta = tl.load(DELTA_PART + p, mask=mask, other=0.0)
-        p_delta = cnt[:, None] * delta
-        s1 += tl.sum(p_delta, axis=0)
-        s2 += tl.sum(tl.load(M2_PART + p, mask=mask, other=0.0) + p_delta * delta, axis=0)
-    o_g = g_lo + tl.arange(0, BLOCK_G)                                        # [BLOCK_G] groups
-    shifts = tl.sum(_load_s(X, R, o_g * CPG, tl.zeros([1], dtype=tl.int32), (o_g <= g_hi)[:, None], stride_x_c,
-                            0, stride_r_c, 0, HAS_RESIDUAL), axis=1)         # [BLOCK_G]: K_g
-    g_of_s = o_s // CPG
-    g_of_c = o_c // CPG
-    mean = tl.zeros([BLOCK_C], dtype=tl.float32)
-    rstd = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for g in range(g_lo, g_hi + 1):          # a few groups; per group one [BLOCK_SPAN] masked sum (few registers)
-        in_g = g_of_s == g
-        dmu = tl.sum(tl.where(in_g, s1, 0.0), axis=0) / group_size
-        m2 = tl.sum(tl.where(in_g, s2, 0.0), axis=0) - dmu * dmu * group_size
-        mean_g = tl.sum(tl.where(o_g == g, shifts, 0.0), axis=0) + dmu
-        rstd_g = tl.math.rsqrt(tl.maximum(m2, 0.0) / group_size + eps)
-        if (i_k == 0) & (g * CPG >= c_first):                                # chunk 0 stores its block's groups
-            tl.store(MEAN + i_n * num_groups + g, mean_g)
-            tl.store(RSTD + i_n * num_groups + g, rstd_g)
-        mean = tl.where(g_of_c == g, mean_g, mean)
-        rstd = tl.where(g_of_c == g, rstd_g, rstd)
-    mean = mean[:, None]
-    rstd = rstd[:, None]
-    return mean, rstd
-
-
-@triton.jit
 def _chunked_fwd_apply_kernel(
-    X, R, W, B, Y, MEAN, RSTD, DELTA_PART, M2_PART,
-    # X, R, Y: (N, C, HW) by strides; W, B: [C]; MEAN, RSTD: [N, G] fp32 (FOLD: out);
-    # DELTA_PART, M2_PART: [N, n_chunks, C] fp32 (FOLD: kernel 1's partials)
-    C, HW, CPG, num_groups, chunk_hw, n_chunks, group_size, eps,
+    X, R, W, B, Y, MEAN, RSTD,
+    # X, R, Y: (N, C, HW) by strides; W, B: [C]; MEAN, RSTD: [N, G] fp32
+    C, HW, CPG, num_groups, chunk_hw,
     stride_x_n, stride_x_c, stride_x_hw, stride_r_n, stride_r_c, stride_r_hw,
     stride_y_n, stride_y_c, stride_y_hw,
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr, REVERSE: tl.constexpr,
-    EVICT: tl.constexpr, FOLD: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_SPAN: tl.constexpr,
-    BLOCK_G: tl.constexpr,
+    EVICT: tl.constexpr,
 ):
     """Kernel 3 forward: y = act((s - mu) rstd w + b) over the slab (tiles backwards when REVERSE: the
-    ones kernel 1 read last first, see _tile_start; loads and stores with L2 eviction policy EVICT). FOLD:
-    mu and rstd merged here from kernel 1's partials (_block_group_stats), no kernel 2."""
+    ones kernel 1 read last first, see _tile_start; loads and stores with L2 eviction policy EVICT)."""
     i_n, i_k, o_c, m_c, hw_start, hw_end = _slab(C, HW, chunk_hw, BLOCK_C)
     X += i_n * stride_x_n
     R += i_n * stride_r_n
     Y += i_n * stride_y_n
-    if FOLD:
-        mean, rstd = _block_group_stats(X, R, DELTA_PART, M2_PART, MEAN, RSTD, i_n, i_k, o_c, C, HW, CPG,
-                                        num_groups, chunk_hw, n_chunks, group_size, eps, stride_x_c,
-                                        stride_r_c, HAS_RESIDUAL, BLOCK_C, BLOCK_K, BLOCK_SPAN, BLOCK_G)
-    else:
-        mean = _per_channel(MEAN, i_n, o_c, m_c, CPG, num_groups)             # [BLOCK_C, 1]
-        rstd = _per_channel(RSTD, i_n, o_c, m_c, CPG, num_groups)
+    mean = _per_channel(MEAN, i_n, o_c, m_c, CPG, num_groups)                 # [BLOCK_C, 1]
+    rstd = _per_channel(RSTD, i_n, o_c, m_c, CPG, num_groups)
     w, b = _load_affine(W, B, o_c, m_c, HAS_WEIGHT, HAS_BIAS)                 # [BLOCK_C]
     n_t = tl.cdiv(hw_end - hw_start, BLOCK_HW)
     for i_t in tl.range(0, n_t, num_stages=STAGES):

@@ -47,10 +47,6 @@ CL_MAX_BLOCK_C = 256        # 512 bytes of bf16 per pixel row (4 lines); larger 
 NCHW_MAX_BLOCK_HW = 1024    # 2 KB of bf16 per channel row
 MIN_RUN = 16                # channels_last: below 16 contiguous channels (32 bytes, one sector) per row, pad
 FINALIZE_ELEMENTS = 2048    # finalize block [BLOCK_K, BLOCK_CPG]: 2048 fp32 on 4 warps, 16 per thread
-# The forward's finalize runs inside kernel 3 (each program merges the partials of the groups its channel
-# block touches) when that span of channels is at most FOLD_MAX_SPAN: one launch fewer (~3 us each on an
-# H200, which is most of a small GroupNorm's time). Wider spans (a few huge groups) keep kernel 2.
-FOLD_MAX_SPAN = 2048
 
 
 class ChunkConfig(NamedTuple):
@@ -102,15 +98,6 @@ def _finalize_blocks(plan: ChunkPlan, cpg: int) -> dict:
                 BLOCK_CPG=block_cpg, num_warps=4)
 
 
-def _fold_blocks(plan: ChunkPlan, cpg: int) -> dict:
-    """Kernel 3's FOLD blocks: BLOCK_SPAN channels (whole groups around the channel block), BLOCK_G groups,
-    [BLOCK_K, BLOCK_SPAN] partials per step; FOLD False when the span is too wide."""
-    span = next_power_of_2(plan.block_c + 2 * (cpg - 1))
-    fold = span <= FOLD_MAX_SPAN
-    return dict(FOLD=fold, BLOCK_SPAN=span, BLOCK_G=next_power_of_2(cdiv(span, cpg) + 1),
-                BLOCK_K=min(next_power_of_2(plan.n_chunks), max(1, FINALIZE_ELEMENTS // span)))
-
-
 def _waves(n: int, wave: int):
     for n0 in range(0, n, wave):
         yield slice(n0, min(n, n0 + wave))
@@ -132,22 +119,19 @@ def chunked_forward(x, r, weight, bias, y, mean, rstd, strides, has_residual, nu
     dummy = x   # stands in for absent weight / bias (HAS_* is False: never touched)
     w, b = dummy if weight is None else weight, dummy if bias is None else bias
     tile = dict(BLOCK_C=plan.block_c, BLOCK_HW=plan.block_hw, STAGES=cfg.stages, num_warps=plan.num_warps)
-    fold = _fold_blocks(plan, cpg)
     for sl in _waves(n, plan.wave):
         grid = (sl.stop - sl.start, k, plan.n_cblocks)
         xs, rs = x[sl], r[sl]
         _chunked_fwd_stats_kernel[grid](xs, rs, delta_part[sl], m2_part[sl], c, hw, cpg, plan.chunk_hw, k,
                                         *sx, *sr, HAS_RESIDUAL=has_residual, **tile)
-        if not fold["FOLD"]:
-            _chunked_finalize_kernel[((sl.stop - sl.start) * num_groups,)](
-                xs, rs, delta_part[sl], m2_part[sl], mean, mean[sl], rstd[sl], c, hw, cpg, num_groups,
-                plan.chunk_hw, k, float(cpg * hw), float(eps), sx[0], sx[1], sr[0], sr[1], FORWARD=True,
-                HAS_RESIDUAL=has_residual, HAS_WEIGHT=False, **_finalize_blocks(plan, cpg))
+        _chunked_finalize_kernel[((sl.stop - sl.start) * num_groups,)](
+            xs, rs, delta_part[sl], m2_part[sl], mean, mean[sl], rstd[sl], c, hw, cpg, num_groups,
+            plan.chunk_hw, k, float(cpg * hw), float(eps), sx[0], sx[1], sr[0], sr[1], FORWARD=True,
+            HAS_RESIDUAL=has_residual, HAS_WEIGHT=False, **_finalize_blocks(plan, cpg))
         _chunked_fwd_apply_kernel[grid](
-            xs, rs, w, b, y[sl], mean[sl], rstd[sl], delta_part[sl], m2_part[sl], c, hw, cpg, num_groups,
-            plan.chunk_hw, k, float(cpg * hw), float(eps), *sx, *sr, *sy,
+            xs, rs, w, b, y[sl], mean[sl], rstd[sl], c, hw, cpg, num_groups, plan.chunk_hw, *sx, *sr, *sy,
             HAS_RESIDUAL=has_residual, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            ACTIVATION=activation, REVERSE=cfg.reverse, EVICT=cfg.evict, **fold, **tile)
+            ACTIVATION=activation, REVERSE=cfg.reverse, EVICT=cfg.evict, **tile)
 
 
 def chunked_backward(dy, x, r, weight, bias, mean, rstd, dx, strides, has_residual, num_groups, activation,
