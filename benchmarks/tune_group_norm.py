@@ -13,7 +13,6 @@ Variants are module knobs of ``flashfuse.ops.group_norm`` (no code edits):
     chunked-waves24 CHUNKED in waves of 24 MB of input (the re-read meant to hit L2; measured slower)
     chunked-st2     CHUNKED, tile loops software-pipelined over 2 stages (tl.range num_stages; 3 is the default)
     chunked-pps2    CHUNKED, 2 programs per SM (fewer, longer chunks; fewer partials)
-    chunked-kernel2 CHUNKED with the forward's finalize as its own kernel (before session 12: 3 launches)
     default         the module's settings as shipped (CHUNKED where _use_chunked says, else ONE_TILE / LOOP / SPLIT)
     eager           PyTorch F.silu(F.group_norm(x)) (the peer)
     compile         torch.compile of the same (forward only: its backward through autograd is not graph-safe
@@ -40,15 +39,13 @@ import torch.nn.functional as F
 import triton
 
 import flashfuse.ops.group_norm as gn
-import flashfuse.ops.group_norm_details._chunked_launch as gn_chunked
 
 BUDGET_S = float(os.environ.get("TUNE_BUDGET_S", 100))
 SHAPES = [(2, 320, 64, 64), (2, 640, 32, 32), (8, 320, 128, 128), (16, 640, 64, 64), (16, 1280, 32, 32)]
-KNOBS = ("USE_RESIDENT", "CHUNKED_CHANNELS_LAST", "CHUNKED_NCHW", "CHUNKED_NCHW_MIN_GROUP", "WAVE_BYTES",
+KNOBS = ("USE_RESIDENT", "CHUNKED_CHANNELS_LAST", "CL_PER_GROUP_MAX_BYTES", "CHUNKED_NCHW", "CHUNKED_NCHW_MIN_GROUP", "WAVE_BYTES",
          "CHUNK_STAGES", "CHUNK_PROGRAMS_PER_SM", "REVERSE_SECOND_PASS", "SECOND_PASS_EVICT")
 DEFAULTS = {k: getattr(gn, k) for k in KNOBS}
-DEFAULTS["FOLD_MAX_SPAN"] = gn_chunked.FOLD_MAX_SPAN
-ON = dict(CHUNKED_CHANNELS_LAST=True, CHUNKED_NCHW=True, CHUNKED_NCHW_MIN_GROUP=0)
+ON = dict(CHUNKED_CHANNELS_LAST=True, CL_PER_GROUP_MAX_BYTES=0, CHUNKED_NCHW=True, CHUNKED_NCHW_MIN_GROUP=0)
 LEGACY = dict(USE_RESIDENT=False, CHUNKED_CHANNELS_LAST=False, CHUNKED_NCHW=False)
 VARIANTS = {   # in run order: peers and old first, new last
     "eager": None,
@@ -63,7 +60,6 @@ VARIANTS = {   # in run order: peers and old first, new last
     "chunked-waves24": dict(ON, WAVE_BYTES=24 << 20),
     "chunked-st2": dict(ON, CHUNK_STAGES=2),
     "chunked-pps2": dict(ON, CHUNK_PROGRAMS_PER_SM=2),
-    "chunked-kernel2": dict(ON, FOLD_MAX_SPAN=0),
     "default": {},
 }
 GROUPS, DTYPE, EPS = 32, torch.bfloat16, 1e-5
@@ -71,7 +67,7 @@ GROUPS, DTYPE, EPS = 32, torch.bfloat16, 1e-5
 
 def set_variant(name):
     for k, v in {**DEFAULTS, **(VARIANTS.get(name) or {})}.items():
-        setattr(gn_chunked if k == "FOLD_MAX_SPAN" else gn, k, v)
+        setattr(gn, k, v)
     gn.chunk_plan.cache_clear()
 
 

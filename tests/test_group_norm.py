@@ -202,13 +202,13 @@ def test_chunked_mode(device, monkeypatch, layout, shape, groups, activation, we
     itemsize = torch.empty((), dtype=dtype).element_size()
     inputs = 3 if residual == "full" else 2                 # the backward's wave counts x, dy (and residual)
     for name, value in (("USE_RESIDENT", False), ("CHUNKED_NCHW", True), ("CHUNKED_NCHW_MIN_GROUP", 0),
-                        ("CHUNKED_CHANNELS_LAST", True),
+                        ("CHUNKED_CHANNELS_LAST", True), ("CL_PER_GROUP_MAX_BYTES", 0),
                         ("ONE_TILE_FWD", 16), ("ONE_TILE_BWD", 16), ("CHUNK_TILE", tile),
                         ("INTERPRETER_SMS", sms), ("WAVE_BYTES", wave * x[0].numel() * itemsize * inputs)):
         monkeypatch.setattr(gn_ops, name, value)
     cl = layout is CL
     hw = x[0, 0].numel()
-    assert gn_ops._use_chunked(groups, shape[1] // groups, hw, cl, 16)
+    assert gn_ops._use_chunked(groups, shape[1] // groups, hw, cl, 16, x.numel() * itemsize)
     plan = gn_ops.chunk_plan(shape[0], shape[1], hw, cl, x[0].numel() * itemsize * inputs,
                              gn_ops._chunk_config(x.device))
     assert plan.block_c * plan.block_hw <= tile and plan.chunk_hw % plan.block_hw == 0
@@ -219,6 +219,17 @@ def test_chunked_mode(device, monkeypatch, layout, shape, groups, activation, we
     t = make(shape, dtype, device, layout=layout, weight=weight, bias=weight, residual=residual,
              shift=300.0 if dtype is F32 else 3.0)
     check(t, groups, activation, TOL[dtype])
+
+
+def test_channels_last_routing():
+    """channels_last: small tensors (SD's batch-2 levels up to 32 x 32) take the one-launch per-group plan,
+    larger ones CHUNKED; NCHW takes CHUNKED only for large groups."""
+    for (n, c, hw), chunked in (((2, 640, 1024), False), ((2, 1280, 256), False), ((2, 320, 4096), True),
+                                ((8, 320, 16384), True)):
+        assert gn_ops._use_chunked(32, c // 32, hw, True, gn_ops.ONE_TILE_FWD, n * c * hw * 2) == chunked
+        assert gn_ops._use_chunked(32, c // 32, hw, True, gn_ops.ONE_TILE_BWD, n * c * hw * 2) == chunked
+    assert not gn_ops._use_chunked(32, 40, 1024, False, gn_ops.ONE_TILE_FWD, 16 * 1280 * 1024 * 2)
+    assert gn_ops._use_chunked(32, 10, 16384, False, gn_ops.ONE_TILE_FWD, 8 * 320 * 16384 * 2)
 
 
 def test_chunk_plan_at_real_sizes():

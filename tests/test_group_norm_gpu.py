@@ -165,10 +165,11 @@ def test_chunked_sd_shapes_gpu(monkeypatch, wave_bytes, shape, layout):
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW", True)
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW_MIN_GROUP", 0)
     monkeypatch.setattr(gn_ops, "CHUNKED_CHANNELS_LAST", True)
+    monkeypatch.setattr(gn_ops, "CL_PER_GROUP_MAX_BYTES", 0)
     monkeypatch.setattr(gn_ops, "WAVE_BYTES", wave_bytes)
     n, c = shape[:2]
     hw = shape[2] * shape[3]
-    assert gn_ops._use_chunked(32, c // 32, hw, layout is CL, gn_ops.ONE_TILE_FWD)
+    assert gn_ops._use_chunked(32, c // 32, hw, layout is CL, gn_ops.ONE_TILE_FWD, 0)
     t = make(shape, BF16, "cuda", layout=layout, residual=shape[:2] + (1, 1), shift=3.0)
     check(t, 32, "silu", TOL[BF16], eps=1e-6)
 

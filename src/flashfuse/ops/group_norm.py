@@ -96,6 +96,10 @@ USE_RESIDENT = False   # True: RESIDENT for large and channels_last groups inste
 # too (3 stages: (8,320,128,128) 52 / 47 vs LOOP 52 / 44, (16,640,64,64) 53 / 48 vs 50 / 39); smaller ones
 # stay on LOOP / SPLIT ((16,1280,32,32), 40960 per group: 47 / 43 vs CHUNKED 39 / 34).
 CHUNKED_CHANNELS_LAST, CHUNKED_NCHW = True, True
+# ... except for channels_last tensors of at most CL_PER_GROUP_MAX_BYTES, where one launch of per-group programs
+# (ONE_TILE, or LOOP / SPLIT) beats CHUNKED's three (H200, bf16, CUDA graphs, session 12: (2, 640, 32, 32), 2.6 MB,
+# fwd 9.3 vs 17.1 us, fwd+bwd 32.3 vs 46.3; (2, 320, 64, 64), 5.2 MB, stays CHUNKED: 15.2 vs 17.1 us).
+CL_PER_GROUP_MAX_BYTES = 4 << 20
 CHUNKED_NCHW_MIN_GROUP = 65536
 CHUNK_TILE, CHUNK_ELEMENTS_PER_WARP, CHUNK_PROGRAMS_PER_SM = 4096, 512, 4   # 8 KB bf16 tiles on 8 warps
 # Input bytes per wave (0: the whole tensor at once). Waves of 24 MB, meant to keep the re-read in L2, measured
@@ -180,9 +184,10 @@ def _resident_plan(n: int, groups: int, cpg: int, hw: int, channels_contiguous: 
                                  RESIDENT_PROGRAMS_PER_SM, RESIDENT_MIN_RUN_BYTES, sync, _num_sms(device))
 
 
-def _use_chunked(groups: int, cpg: int, hw: int, channels_last: bool, one_tile: int) -> bool:
+def _use_chunked(groups: int, cpg: int, hw: int, channels_last: bool, one_tile: int, nbytes: int) -> bool:
+    """CHUNKED for x of nbytes (x's own bytes) in groups of cpg channels x hw pixels."""
     if channels_last:
-        return CHUNKED_CHANNELS_LAST
+        return CHUNKED_CHANNELS_LAST and nbytes > CL_PER_GROUP_MAX_BYTES
     return (CHUNKED_NCHW and next_power_of_2(cpg) * next_power_of_2(hw) > one_tile
             and cpg * hw >= CHUNKED_NCHW_MIN_GROUP)
 
@@ -259,7 +264,7 @@ def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = No
         _forward_resident(x, r, weight, bias, y, mean, rstd, residual is not None, num_groups, eps, activation,
                           (n, hw, cpg, cl), sx, sr, sy)
         return y, mean, rstd
-    if _use_chunked(num_groups, cpg, hw, cl, ONE_TILE_FWD):
+    if _use_chunked(num_groups, cpg, hw, cl, ONE_TILE_FWD, x.numel() * x.element_size()):
         chunked_forward(x, r, weight, bias, y, mean, rstd, (sx, sr, sy), residual is not None, num_groups, eps,
                         ACTIVATIONS[activation], _chunk_config(x.device), _alloc)
         return y, mean, rstd
@@ -346,7 +351,8 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
             dy, x, r, weight, bias, mean, rstd, dx, residual is not None, num_groups, activation, compute_dw,
             compute_db, dres_in_kernel)
         return dx, *_reduce_parts(x, residual, weight, bias, n, c, dw_part, db_part, dres_part)
-    if x.numel() > 0 and _use_chunked(num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD):
+    if x.numel() > 0 and _use_chunked(num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD,
+                                      x.numel() * x.element_size()):
         r = x if residual is None else _expand_residual(residual, x)
         strides = tuple(_nchw_strides(t) for t in (x, r, dy, dx))
         dw_part, db_part, dres_part = chunked_backward(
