@@ -169,7 +169,7 @@ def test_chunked_sd_shapes_gpu(monkeypatch, wave_bytes, shape, layout):
     monkeypatch.setattr(gn_ops, "WAVE_BYTES", wave_bytes)
     n, c = shape[:2]
     hw = shape[2] * shape[3]
-    assert gn_ops._use_chunked(32, c // 32, hw, layout is CL, gn_ops.ONE_TILE_FWD, 0)
+    assert gn_ops._use_chunked(32, c // 32, hw, layout is CL, gn_ops.ONE_TILE_FWD, n * c * hw * 2)
     t = make(shape, BF16, "cuda", layout=layout, residual=shape[:2] + (1, 1), shift=3.0)
     check(t, 32, "silu", TOL[BF16], eps=1e-6)
 
