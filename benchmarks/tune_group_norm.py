@@ -43,7 +43,7 @@ import flashfuse.ops.group_norm as gn
 BUDGET_S = float(os.environ.get("TUNE_BUDGET_S", 100))
 SHAPES = [(2, 320, 64, 64), (2, 640, 32, 32), (8, 320, 128, 128), (16, 640, 64, 64), (16, 1280, 32, 32)]
 KNOBS = ("USE_RESIDENT", "CHUNKED_CHANNELS_LAST", "CL_PER_GROUP_MAX_BYTES", "CHUNKED_NCHW", "CHUNKED_NCHW_MIN_GROUP",
-         "WAVE_BYTES", "CHUNK_STAGES", "CHUNK_PROGRAMS_PER_SM", "REVERSE_SECOND_PASS", "SECOND_PASS_EVICT")
+         "WAVE_BYTES", "CHUNK_STAGES", "CHUNK_PROGRAMS_PER_SM", "CHUNK_FIT_WAVE", "REVERSE_SECOND_PASS", "SECOND_PASS_EVICT")
 DEFAULTS = {k: getattr(gn, k) for k in KNOBS}
 ON = dict(CHUNKED_CHANNELS_LAST=True, CL_PER_GROUP_MAX_BYTES=0, CHUNKED_NCHW=True, CHUNKED_NCHW_MIN_GROUP=0)
 LEGACY = dict(USE_RESIDENT=False, CHUNKED_CHANNELS_LAST=False, CHUNKED_NCHW=False)
@@ -61,6 +61,10 @@ VARIANTS = {   # in run order: peers and old first, new last
     "chunked-st2": dict(ON, CHUNK_STAGES=2),
     "chunked-pps2": dict(ON, CHUNK_PROGRAMS_PER_SM=2),
     "default": {},
+    "default-fit": dict(CHUNK_FIT_WAVE=True),
+    "default-pps8": dict(CHUNK_PROGRAMS_PER_SM=8),
+    "default-fit-pps8": dict(CHUNK_FIT_WAVE=True, CHUNK_PROGRAMS_PER_SM=8),
+    "default-fit-pps12": dict(CHUNK_FIT_WAVE=True, CHUNK_PROGRAMS_PER_SM=12),
 }
 GROUPS, DTYPE, EPS = 32, torch.bfloat16, 1e-5
 

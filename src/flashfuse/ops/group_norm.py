@@ -110,6 +110,9 @@ WAVE_BYTES = 0
 # 35 / 30 (8,320,128,128), 34 / 29 (16,640,64,64), 25 / 24 (16,1280,32,32); 2 stages 39 / 33, 37 / 32, 38 / 27;
 # 3 stages 46 / 41, 44 / 40, 44 / 32 (torch.compile's forward: 17, 37, 36).
 CHUNK_STAGES = 3
+# Round the chunk count down so that the grid fits one wave of CHUNK_PROGRAMS_PER_SM programs per SM (True), or
+# up (False: e.g. 560 programs for 528 slots at channels_last (8, 320, 128, 128), a second wave of 32).
+CHUNK_FIT_WAVE = False
 # The second pass over x (normalize; dx) of LOOP, SPLIT and CHUNKED walks its tiles backwards, so that it
 # starts on the tiles the first pass read last, still in L2 (see _kernels._tile_start), with this L2 eviction
 # policy on its loads and stores ("" or "evict_first": lines it reads for the last time and lines it writes).
@@ -194,7 +197,7 @@ def _use_chunked(groups: int, cpg: int, hw: int, channels_last: bool, one_tile: 
 
 def _chunk_config(device: torch.device) -> ChunkConfig:
     return ChunkConfig(CHUNK_TILE, CHUNK_ELEMENTS_PER_WARP, CHUNK_PROGRAMS_PER_SM, WAVE_BYTES, CHUNK_STAGES,
-                       REVERSE_SECOND_PASS, SECOND_PASS_EVICT, _num_sms(device))
+                       REVERSE_SECOND_PASS, SECOND_PASS_EVICT, _num_sms(device), CHUNK_FIT_WAVE)
 
 
 def _alloc(shape, dtype, device) -> Tensor:

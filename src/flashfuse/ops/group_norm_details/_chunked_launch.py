@@ -58,6 +58,7 @@ class ChunkConfig(NamedTuple):
     reverse: bool           # kernel 3 walks its slab's tiles backwards (the re-read starts in L2)
     evict: str              # kernel 3's L2 eviction policy ("" or "evict_first")
     sms: int
+    fit_wave: bool = False  # at most programs_per_sm x sms programs (round the chunk count down, not up)
 
 
 class ChunkPlan(NamedTuple):
@@ -84,7 +85,8 @@ def chunk_plan(n: int, c: int, hw: int, channels_last: bool, bytes_per_sample: i
         block_c = max(1, min(c & -c, cfg.tile // block_hw))
     n_cblocks = cdiv(c, block_c)
     wave = n if cfg.wave_bytes <= 0 else max(1, min(n, cfg.wave_bytes // max(1, bytes_per_sample)))
-    want = cdiv(cfg.programs_per_sm * cfg.sms, wave * n_cblocks)
+    slots = cfg.programs_per_sm * cfg.sms
+    want = max(1, slots // (wave * n_cblocks)) if cfg.fit_wave else cdiv(slots, wave * n_cblocks)
     n_chunks = max(1, min(cdiv(hw, block_hw), want))
     chunk_hw = cdiv(cdiv(hw, n_chunks), block_hw) * block_hw
     n_chunks = cdiv(hw, chunk_hw)
