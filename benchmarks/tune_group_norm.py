@@ -61,10 +61,7 @@ VARIANTS = {   # in run order: peers and old first, new last
     "chunked-st2": dict(ON, CHUNK_STAGES=2),
     "chunked-pps2": dict(ON, CHUNK_PROGRAMS_PER_SM=2),
     "default": {},
-    "default-fit": dict(CHUNK_FIT_WAVE=True),
-    "default-pps8": dict(CHUNK_PROGRAMS_PER_SM=8),
-    "default-fit-pps8": dict(CHUNK_FIT_WAVE=True, CHUNK_PROGRAMS_PER_SM=8),
-    "default-fit-pps12": dict(CHUNK_FIT_WAVE=True, CHUNK_PROGRAMS_PER_SM=12),
+    "default-nofit": dict(CHUNK_FIT_WAVE=False),
 }
 GROUPS, DTYPE, EPS = 32, torch.bfloat16, 1e-5
 

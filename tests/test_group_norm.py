@@ -234,13 +234,17 @@ def test_channels_last_routing():
 
 def test_chunk_plan_at_real_sizes():
     """SD shapes on 132 SMs: >= 2 programs per SM in every wave, whole 128-byte channels_last rows, waves
-    within WAVE_BYTES (or one sample; WAVE_BYTES = 0: one wave), chunks that cover HW exactly once."""
+    within WAVE_BYTES (or one sample; WAVE_BYTES = 0: one wave), chunks that cover HW exactly once, and with
+    CHUNK_FIT_WAVE no more programs than one wave holds wherever the chunk count is free (> 1)."""
     for n, c, hw in ((2, 320, 4096), (8, 320, 16384), (16, 640, 4096), (16, 1280, 1024), (1, 30, 90601)):
         for cl in (False, True):
             for inputs in (1, 2):
                 cfg = gn_ops.ChunkConfig(gn_ops.CHUNK_TILE, gn_ops.CHUNK_ELEMENTS_PER_WARP,
-                                         gn_ops.CHUNK_PROGRAMS_PER_SM, gn_ops.WAVE_BYTES, 1, True, "", 132)
+                                         gn_ops.CHUNK_PROGRAMS_PER_SM, gn_ops.WAVE_BYTES, 1, True, "", 132,
+                                         gn_ops.CHUNK_FIT_WAVE)
                 p = gn_ops.chunk_plan(n, c, hw, cl, c * hw * 2 * inputs, cfg)
+                if gn_ops.CHUNK_FIT_WAVE and p.n_chunks > 1:
+                    assert p.wave * p.n_chunks * p.n_cblocks <= gn_ops.CHUNK_PROGRAMS_PER_SM * 132, p
                 assert p.block_c * p.block_hw <= gn_ops.CHUNK_TILE
                 assert p.chunk_hw % p.block_hw == 0 and (p.n_chunks - 1) * p.chunk_hw < hw <= p.n_chunks * p.chunk_hw
                 if gn_ops.WAVE_BYTES:

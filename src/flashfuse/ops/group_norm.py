@@ -110,9 +110,12 @@ WAVE_BYTES = 0
 # 35 / 30 (8,320,128,128), 34 / 29 (16,640,64,64), 25 / 24 (16,1280,32,32); 2 stages 39 / 33, 37 / 32, 38 / 27;
 # 3 stages 46 / 41, 44 / 40, 44 / 32 (torch.compile's forward: 17, 37, 36).
 CHUNK_STAGES = 3
-# Round the chunk count down so that the grid fits one wave of CHUNK_PROGRAMS_PER_SM programs per SM (True), or
-# up (False: e.g. 560 programs for 528 slots at channels_last (8, 320, 128, 128), a second wave of 32).
-CHUNK_FIT_WAVE = False
+# Round the chunk count down so that the grid fits one wave of CHUNK_PROGRAMS_PER_SM programs per SM (the stats
+# kernel's occupancy), not up: channels_last (8, 320, 128, 128) had 560 programs for 528 slots, a second wave of
+# 32. Measured (H200, bf16, session 13, fwd / fwd+bwd us): channels_last (8, 320, 128, 128) 79.8 / 224 vs
+# 85.3 / 243, (16, 640, 64, 64) 80.9 / 229 vs 88.3 / 249, (16, 1280, 32, 32) 39.2 / 144 vs 42.4 / 150; NCHW
+# unchanged (its grids are N x channel blocks at one chunk). 8 or 12 programs per SM: slower in channels_last.
+CHUNK_FIT_WAVE = True
 # The second pass over x (normalize; dx) of LOOP, SPLIT and CHUNKED walks its tiles backwards, so that it
 # starts on the tiles the first pass read last, still in L2 (see _kernels._tile_start), with this L2 eviction
 # policy on its loads and stores ("" or "evict_first": lines it reads for the last time and lines it writes).
