@@ -75,16 +75,17 @@ class use_fast:
         self.on, self.config = on, config
 
     def __enter__(self):
-        self.saved = flash_fwd.FAST_FORWARD, flash_fwd.fast_forward_config
+        self.saved = flash_fwd.FAST_FORWARD, flash_fwd.fast_forward_config, flash_fwd.GLUON_FORWARD
         flash_fwd.FAST_FORWARD = self.on
-        if self.config is not None:
+        if self.config is not None:      # this Triton config, not flash_fwd_hopper's Gluon kernel
+            flash_fwd.GLUON_FORWARD = False
             flash_fwd.fast_forward_config = lambda *a, c=self.config: dict(c)
         elif self.on:                    # the table entry even where the launcher would fall back
             flash_fwd.fast_forward_config = lambda hd, causal, *a: dict(
                 flash_fwd.FAST_CONFIGS[(64 if hd <= 64 else 128, causal)])
 
     def __exit__(self, *exc):
-        flash_fwd.FAST_FORWARD, flash_fwd.fast_forward_config = self.saved
+        flash_fwd.FAST_FORWARD, flash_fwd.fast_forward_config, flash_fwd.GLUON_FORWARD = self.saved
 
 
 def label(hd, causal, seqlen):

@@ -13,6 +13,7 @@ from functools import partial
 
 import pytest
 import torch
+import triton
 
 from attention_utils import (alibi_slopes, assert_finite, assert_zero_rows, check_attention, cu_seqlens,
                              dropout_mask_for, flash_ref, no_key_rows_flash, no_key_rows_varlen, rand,
@@ -414,6 +415,7 @@ def test_fast_forward_configs_gpu(monkeypatch, headdim, spec, dtype, seqlens, he
     """Each swept config of the fast kernel (the pointer kernel removed), out / lse / every gradient against
     the fp32 reference; ragged last key blocks, rows with no visible key."""
     monkeypatch.setattr(flash_fwd, "FAST_FORWARD", True)
+    monkeypatch.setattr(flash_fwd, "GLUON_FORWARD", False)
     monkeypatch.setattr(flash_fwd, "fast_forward_config", lambda *a: _fast_cfg(*spec))
     monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
     q, k, v = rand_qkv(2, *seqlens, *heads, headdim, dtype=dtype, device="cuda")
@@ -439,27 +441,97 @@ def test_fast_forward_table_gpu(monkeypatch, causal):
     assert err < 1e-2, f"rel err {err:.2e}"
 
 
-def test_fast_forward_graph_compile_thread_gpu(monkeypatch):
-    """The fast kernel's device-side descriptors need triton's allocator: under CUDA-graph capture and
-    replay, torch.compile(fullgraph=True), and in a new thread (the allocator is a context variable)."""
+@pytest.mark.parametrize("headdim, causal", [(128, True), (64, False)], ids=["triton-hd128-causal", "gluon-hd64"])
+def test_fast_forward_graph_compile_thread_gpu(monkeypatch, headdim, causal):
+    """The fast kernels' device-side descriptors need triton's allocator: under CUDA-graph capture and
+    replay, torch.compile(fullgraph=True), and in a new thread (the allocator is a context variable).
+    hd128 causal runs the Triton fast kernel, hd64 without a mask flash_fwd_hopper's Gluon kernel."""
     import threading
 
     monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
-    q, k, v = (torch.randn(1, flash_fwd.FAST_MIN_SEQLEN_K[True], 16, 128, device="cuda", dtype=BF16) for _ in range(3))
-    eager = flash_attn_func(q, k, v, causal=True)
+    if (headdim, causal) in flash_fwd_hopper.HOPPER_CONFIGS:
+        _require_gluon()
+        monkeypatch.setattr(flash_fwd, "_flash_fwd_fast_kernel", None)
+    q, k, v = (torch.randn(1, flash_fwd.FAST_MIN_SEQLEN_K[True], 16, headdim, device="cuda", dtype=BF16)
+               for _ in range(3))
+    eager = flash_attn_func(q, k, v, causal=causal)
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        flash_attn_func(q, k, v, causal=True)
+        flash_attn_func(q, k, v, causal=causal)
         with torch.cuda.graph(graph, stream=stream):
-            captured = flash_attn_func(q, k, v, causal=True)
+            captured = flash_attn_func(q, k, v, causal=causal)
     captured.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager), "graph replay differs from eager"
-    compiled = torch.compile(lambda a, b, c: flash_attn_func(a, b, c, causal=True), fullgraph=True)(q, k, v)
+    compiled = torch.compile(lambda a, b, c: flash_attn_func(a, b, c, causal=causal), fullgraph=True)(q, k, v)
     assert torch.equal(compiled, eager), "torch.compile differs from eager"
     result = {}
-    thread = threading.Thread(target=lambda: result.update(out=flash_attn_func(q, k, v, causal=True)))
+    thread = threading.Thread(target=lambda: result.update(out=flash_attn_func(q, k, v, causal=causal)))
     thread.start()
     thread.join()
     assert torch.equal(result["out"], eager), "a new thread's call differs from eager"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Gluon forward (flash_fwd_hopper): the shipped table entry and the configs measured against it
+# ----------------------------------------------------------------------------------------------------
+
+from flashfuse.ops.attention import flash_fwd_hopper  # noqa: E402
+
+
+def _require_gluon():
+    """The Gluon kernel is written for triton 3.6 on sm_90 (flash_fwd_hopper.GLUON_TRITON); elsewhere
+    flash_fwd never calls it and there is nothing of it to test."""
+    if not flash_fwd_hopper.available(torch.device("cuda")):
+        pytest.skip(f"flash_fwd_hopper needs sm_90 and triton {flash_fwd_hopper.GLUON_TRITON}x "
+                    f"(here sm_{''.join(map(str, torch.cuda.get_device_capability()))}, triton {triton.__version__})")
+
+
+def _hopper(bm, bn, stages, warps):
+    return dict(BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages, num_warps=warps)
+
+
+# (head dim, config): HOPPER_CONFIGS's entry, then the session-14 sweep's alternatives (causal, hd128, 8 warps).
+HOPPER_GPU_CONFIGS = [(64, _hopper(64, 128, 2, 4)), (128, _hopper(128, 128, 2, 8)), (128, _hopper(128, 128, 3, 8)),
+                      (64, _hopper(128, 64, 3, 8)), (128, _hopper(64, 64, 2, 4))]
+HOPPER_GPU_SHAPES = FAST_GPU_SHAPES + [(BF16, (1, 77), MHA, {}), (F16, (300, 100), GQA, {"causal": True})]
+HOPPER_GPU_CASES = [(d, cfg, *shape) for d, cfg in HOPPER_GPU_CONFIGS for shape in HOPPER_GPU_SHAPES]
+
+
+@pytest.mark.parametrize("headdim, config, dtype, seqlens, heads, opts", HOPPER_GPU_CASES,
+                         ids=["d{}-{BLOCK_M}x{BLOCK_N}-s{NUM_STAGES}-w{num_warps}".format(c[0], **c[1])
+                              + f"-{c[3][0]}x{c[3][1]}-{'-'.join(c[5]) or 'full'}" for c in HOPPER_GPU_CASES])
+def test_hopper_forward_gpu(monkeypatch, headdim, config, dtype, seqlens, heads, opts):
+    """The Gluon kernel alone (the Triton forwards removed) against the fp32 reference: out, lse, every
+    gradient (the backward consumes its lse); ragged ends, causal both ways, a right window, rows with no
+    visible key exactly 0, GQA / MQA, one query row."""
+    _require_gluon()
+    monkeypatch.setattr(flash_fwd_hopper, "hopper_forward_config", lambda *a: dict(config))
+    monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
+    monkeypatch.setattr(flash_fwd, "_flash_fwd_fast_kernel", None)
+    q, k, v = rand_qkv(2, *seqlens, *heads, headdim, dtype=dtype, device="cuda")
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
+    grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse,
+                                             ref_dtype=REF)
+    empty = no_key_rows_flash(ref_lse)
+    assert_zero_rows("out", out.detach(), empty)
+    assert_zero_rows("dq", grads["q"], empty)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_hopper_forward_table_gpu(monkeypatch, dtype):
+    """HOPPER_CONFIGS at a benchmark shape (16384 tokens, model dim 2048, hd 64, S = HOPPER_MIN_SEQLEN_K): the
+    launcher picks the Gluon kernel by itself (the Triton forwards removed); output within 16-bit rounding of
+    SDPA's math backend in fp32."""
+    _require_gluon()
+    monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
+    monkeypatch.setattr(flash_fwd, "_flash_fwd_fast_kernel", None)
+    headdim, seqlen = 64, flash_fwd_hopper.HOPPER_MIN_SEQLEN_K
+    q, k, v = (torch.randn(16384 // seqlen, seqlen, 2048 // headdim, headdim, device="cuda", dtype=dtype)
+               for _ in range(3))
+    out = flash_attn_func(q, k, v)
+    ref = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2).float() for t in (q, k, v))
+                                                           ).transpose(1, 2)
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, f"rel err {err:.2e}"

@@ -117,3 +117,19 @@ def test_tma_allocator_set_once():
         flash_fwd.ensure_tma_allocator()
         assert _allocation._allocator.get() is mine
     contextvars.copy_context().run(run)
+
+
+def test_hopper_forward_plan():
+    """flash_fwd_hopper's Gluon kernel: never in the interpreter (Gluon has none), and on the GPU only where
+    its table says it measured faster: head dim 64 without a mask, key loops from HOPPER_MIN_SEQLEN_K on,
+    grids of two waves or more. Its kernel runs in the GPU tier (test_flash_attn_gpu.py)."""
+    from flashfuse.ops.attention import flash_fwd_hopper as hopper
+
+    assert not hopper.available(torch.device("cpu"))
+    s = hopper.HOPPER_MIN_SEQLEN_K
+    config = hopper.hopper_forward_config(64, False, s, s, 16 * 16, 132)
+    assert config == hopper.HOPPER_CONFIGS[(64, False)] and config is not hopper.HOPPER_CONFIGS[(64, False)]
+    assert hopper.hopper_forward_config(64, True, s, s, 16 * 16, 132) is None          # causal: Triton's
+    assert hopper.hopper_forward_config(128, False, s, s, 16 * 16, 132) is None        # hd128: Triton's
+    assert hopper.hopper_forward_config(64, False, s, s // 2, 16 * 16, 132) is None    # short key loop
+    assert hopper.hopper_forward_config(64, False, s, s, 4, 132) is None               # under two waves

@@ -22,7 +22,9 @@ elements) are not multiples of 16, so the launcher asserts the 16-byte alignment
 vectorized, pipelined loads. See forward_config for the tile table and benchmarks/tune_attention_small.py.
 
 Long sequences without the rarer features take a second kernel (_flash_fwd_fast_kernel, FAST_FORWARD) at
-head dim 128: tensor-descriptor (TMA) tiles; see its comment block and benchmarks/tune_flash_fwd.py.
+head dim 128: tensor-descriptor (TMA) tiles; see its comment block and benchmarks/tune_flash_fwd.py. On
+Hopper with triton 3.6, head dim 64 without a mask goes to a Gluon kernel instead (flash_fwd_hopper.py:
+asynchronous wgmma, the softmax beside the P V product).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ..._env import INTERPRET
 from .._triton import cdiv, dot, ensure_tma_allocator, next_power_of_2, sm_count
 from ._flash_common import LOG2E, kernel_options, key_block_phases, score_mod, seq_bounds
 from .dropout import dropout_keep
+from . import flash_fwd_hopper
 
 
 @triton.jit
@@ -414,6 +417,8 @@ def forward_config(width: int, dtype: torch.dtype, windowed: bool, has_bias: boo
 
 # The fast path (_flash_fwd_fast_kernel) for long sequences; False: the kernel above everywhere.
 FAST_FORWARD = True
+# Within it, flash_fwd_hopper's Gluon kernel where it measured faster (sm_90, triton 3.6); False: never.
+GLUON_FORWARD = True
 # Key loops at least this long take it, per causal flag. Measured (H200, bf16, 16384 tokens,
 # benchmarks/tune_flash_fwd.py): hd128 at S = 4096 / 8192 508 / 532 TFLOP/s vs 472 / 490 (causal 428 / 484 vs
 # 408 / 443; session 5). At S = 2048 (session 9, 3 stages) the fast kernel wins without a mask, 471.5 vs 449.5,
@@ -475,8 +480,14 @@ def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softca
             return None
     elif q.dtype not in (torch.float16, torch.bfloat16):
         return None                       # measured and ptxas-checked in 16 bits (FAST_CONFIGS)
-    cfg = fast_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1], q.shape[0] * nheads_q,
-                              132 if INTERPRET else sm_count(q.device))
+    num_sms = 132 if INTERPRET else sm_count(q.device)
+    programs = q.shape[0] * nheads_q
+    if GLUON_FORWARD and flash_fwd_hopper.available(q.device) and tma_compatible(q, k, v, out):
+        cfg = flash_fwd_hopper.hopper_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1],
+                                                     programs, num_sms)
+        if cfg is not None:
+            return dict(cfg, GLUON=True)
+    cfg = fast_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1], programs, num_sms)
     if cfg is not None and cfg["USE_TMA"] and not tma_compatible(q, k, v, out):
         return None
     return cfg
@@ -547,6 +558,12 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
 
     fast = _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softcap, alibi_slopes,
                               attn_bias, dropout_p, is_varlen, nheads_q)
+    if fast is not None and fast.pop("GLUON", False):
+        return flash_fwd_hopper.hopper_forward(
+            q, k, v, out, lse, q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, o_strides=o_strides,
+            lse_strides=lse_strides, nheads_q=nheads_q, nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+            qk_scale=softmax_scale * math.log2(math.e), window_right=window_right, bottom_right=bottom_right,
+            config=fast)
     if fast is not None:
         if fast["USE_TMA"] and not INTERPRET:
             ensure_tma_allocator()

@@ -1,0 +1,283 @@
+"""FlashAttention forward for Hopper in Gluon: the softmax of one key block overlaps the P V product
+of the previous one (FlashAttention-3's intra-warpgroup pipelining).
+
+The math is flash_fwd's online softmax (see its docstring; scores in the log2 domain, rows with no
+visible key store O = 0 and lse = +inf). What Triton's ``tl.dot`` cannot express is the schedule:
+its wgmma waits right after the Q K^T issue, so the exponentials and the tensor cores take turns
+(benchmarks/NOTES.md, session 11). Gluon exposes the asynchronous wgmma and its wait, so each key
+block j runs
+
+    issue  S_j  = Q K_j^T                     (wgmma, async)
+    issue  acc += P_{j-1} V_{j-1}             (wgmma, async; P_{j-1} in registers)
+    wait   until one group is left            -> S_j is done, P_{j-1} V_{j-1} still running
+    softmax(S_j) -> P_j, alpha_j = exp2(m_{j-1} - m_j), l_j
+    wait   for P_{j-1} V_{j-1};  acc *= alpha_j
+
+K and V tiles stream through NUM_STAGES shared-memory slots filled by TMA (mbarrier per slot): a K
+slot is refilled as soon as its Q K^T is done, a V slot once its P V is done.
+
+Measured on an H200 (benchmarks/NOTES.md, session 14): at head dim 64 without a mask, one warpgroup on
+64 x 128 tiles (two programs per SM) runs 5-11% faster than flash_fwd's Triton kernels and at 0.94-1.0x
+cuDNN from S = 2048: that is the one entry of HOPPER_CONFIGS. Under a causal mask and at head dim 128
+(8 warps, 128-row tiles) it measured slower than the Triton kernels, so those stay there. In the
+compiled code ptxas moves the P V wait above the exponentials (the new P takes the registers of the old
+one), and two warpgroups sharing K / V tiles synchronise at every refill: the overlap above is only
+partly real. P passed through shared memory instead kept the exponentials before the wait and measured
+no faster.
+
+Scope: the common case only, as flash_fwd's fast kernel: 16-bit inputs, no dropout / ALiBi / softcap /
+bias / left window / varlen; a right window (causal) and GQA are in. Gluon is triton's lower-level
+dialect and its API still moves between releases, so this kernel is used only on the release it was
+written and measured against (GLUON_TRITON); flash_fwd falls back to its Triton kernels everywhere
+else, the CPU interpreter included.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from ..._env import INTERPRET
+
+# The triton release this file's Gluon code is written and GPU-tested against.
+GLUON_TRITON = "3.6."
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                  warpgroup_mma, warpgroup_mma_wait)
+except ImportError:  # a triton without Gluon: the kernel below is never defined or used
+    gluon = None
+
+LOG2E = 1.4426950408889634
+
+
+def available(device: torch.device) -> bool:
+    """Whether this kernel can run here: compiled (not the interpreter) on an sm_90 GPU, with the
+    triton release it was written for."""
+    return (gluon is not None and not INTERPRET and triton.__version__.startswith(GLUON_TRITON)
+            and device.type == "cuda" and _capability(device.index) == (9, 0))
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index):
+    return torch.cuda.get_device_capability(index)
+
+
+if gluon is not None:
+    _LOG2E = gl.constexpr(LOG2E)
+
+    @gluon.jit
+    def _softmax_block(s, m_i, l_i, j, m0, seqlen_q, seqlen_k, full_end, window_right, qk_scale,
+                       HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+        """Online-softmax step for key block j: s [BLOCK_M, BLOCK_N] raw Q K^T (fp32, s_layout).
+        Returns (p, alpha, m_new, l_new); blocks reaching past full_end get the causal / length mask."""
+        if (j + 1) * BLOCK_N > full_end:
+            cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            visible = gl.expand_dims(cols < seqlen_k, 0)
+            if HAS_RIGHT:
+                off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+                visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + off + window_right, 1))
+            s = gl.where(visible, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)   # rows with no visible key yet
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
+        alpha = gl.exp2(m_i - m_safe)
+        l_new = l_i * alpha + gl.sum(p, axis=1)
+        return p, alpha, m_new, l_new
+
+    @gluon.jit
+    def _flash_fwd_hopper_kernel(
+        p_q, p_k, p_v, p_o, p_lse,
+        stride_q_b, stride_q_s, stride_q_h,
+        stride_k_b, stride_k_s, stride_k_h,
+        stride_v_b, stride_v_s, stride_v_h,
+        stride_o_b, stride_o_s, stride_o_h,
+        stride_lse_b, stride_lse_h,
+        nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_right,
+        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+        Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        # q, o: [batch, seqlen_q, nheads_q, HEAD_DIM]; k, v: [batch, seqlen_k, nheads_k, HEAD_DIM]; lse:
+        # [batch, nheads_q, seqlen_q] fp32. Grid (cdiv(seqlen_q, BLOCK_M), batch * nheads_q), heaviest
+        # (causal: last) row blocks first. The launcher checked TMA's 16-byte alignment of bases and strides.
+        dtype: gl.constexpr = p_q.dtype.element_ty
+        # wgmma accumulators: warps stacked along rows (16 rows each), one instruction spans all columns.
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        i_m = gl.num_programs(0) - 1 - gl.program_id(0)
+        i_bh = gl.program_id(1)
+        i_b = (i_bh // nheads_q).to(gl.int64)
+        i_h = (i_bh % nheads_q).to(gl.int64)
+        i_hk = i_h // group
+        m0 = i_m * BLOCK_M
+        # One [seqlen, HEAD_DIM] matrix per (batch, head): TMA zero-fills rows past seqlen on loads and
+        # drops them on stores.
+        q_desc = tma.make_tensor_descriptor(p_q + i_b * stride_q_b + i_h * stride_q_h, [seqlen_q, HEAD_DIM],
+                                            [stride_q_s, 1], [BLOCK_M, HEAD_DIM], Q_SMEM)
+        k_desc = tma.make_tensor_descriptor(p_k + i_b * stride_k_b + i_hk * stride_k_h, [seqlen_k, HEAD_DIM],
+                                            [stride_k_s, 1], [BLOCK_N, HEAD_DIM], KV_SMEM)
+        v_desc = tma.make_tensor_descriptor(p_v + i_b * stride_v_b + i_hk * stride_v_h, [seqlen_k, HEAD_DIM],
+                                            [stride_v_s, 1], [BLOCK_N, HEAD_DIM], KV_SMEM)
+        o_desc = tma.make_tensor_descriptor(p_o + i_b * stride_o_b + i_h * stride_o_h, [seqlen_q, HEAD_DIM],
+                                            [stride_o_s, 1], [BLOCK_M, HEAD_DIM], Q_SMEM)
+
+        # Key range: [0, hi) is visible to some row of the block; [0, full_end) to every row.
+        hi = seqlen_k
+        full_end = seqlen_k
+        if HAS_RIGHT:
+            off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+            last_row = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
+            hi = gl.maximum(gl.minimum(last_row + off + window_right + 1, seqlen_k), 0)
+            full_end = gl.minimum(m0 + off + window_right + 1, seqlen_k)
+        # A block whose rows see no key still runs block 0, fully masked: O = 0, lse = +inf.
+        n_blocks = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
+
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)       # Q, then O
+        k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
+        v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+
+        tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
+        mbarrier.expect(q_bar, BLOCK_M * HEAD_DIM * 2)
+        tma.async_copy_global_to_shared(q_desc, [m0, 0], q_bar, q_smem)
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.expect(k_bars.index(i), tile_bytes, pred=i < n_blocks)
+            tma.async_copy_global_to_shared(k_desc, [i * BLOCK_N, 0], k_bars.index(i), k_smem.index(i),
+                                            pred=i < n_blocks)
+            mbarrier.expect(v_bars.index(i), tile_bytes, pred=i < n_blocks)
+            tma.async_copy_global_to_shared(v_desc, [i * BLOCK_N, 0], v_bars.index(i), v_smem.index(i),
+                                            pred=i < n_blocks)
+
+        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+
+        # Block 0: S_0 and its softmax.
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(k_bars.index(0), 0)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
+        if num_warps > 4:
+            gl.thread_barrier()            # every warpgroup is done with K slot 0
+        mbarrier.expect(k_bars.index(0), tile_bytes, pred=NUM_STAGES < n_blocks)
+        tma.async_copy_global_to_shared(k_desc, [NUM_STAGES * BLOCK_N, 0], k_bars.index(0), k_smem.index(0),
+                                        pred=NUM_STAGES < n_blocks)
+        p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, 0, m0, seqlen_q, seqlen_k, full_end, window_right,
+                                            qk_scale, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M, BLOCK_N, s_layout)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)       # P_0 as wgmma's register operand
+
+        for j in range(1, n_blocks):
+            slot = j % NUM_STAGES
+            prev = (j - 1) % NUM_STAGES
+            mbarrier.wait(k_bars.index(slot), (j // NUM_STAGES) & 1)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                  is_async=True)
+            mbarrier.wait(v_bars.index(prev), ((j - 1) // NUM_STAGES) & 1)
+            acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))          # S_j done; P V still running
+            if num_warps > 4:
+                gl.thread_barrier()
+            refill_k = j + NUM_STAGES < n_blocks
+            mbarrier.expect(k_bars.index(slot), tile_bytes, pred=refill_k)
+            tma.async_copy_global_to_shared(k_desc, [(j + NUM_STAGES) * BLOCK_N, 0], k_bars.index(slot),
+                                            k_smem.index(slot), pred=refill_k)
+            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j, m0, seqlen_q, seqlen_k, full_end, window_right,
+                                                qk_scale, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M, BLOCK_N, s_layout)
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
+            if num_warps > 4:
+                gl.thread_barrier()
+            refill_v = j - 1 + NUM_STAGES < n_blocks
+            mbarrier.expect(v_bars.index(prev), tile_bytes, pred=refill_v)
+            tma.async_copy_global_to_shared(v_desc, [(j - 1 + NUM_STAGES) * BLOCK_N, 0], v_bars.index(prev),
+                                            v_smem.index(prev), pred=refill_v)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+        last = n_blocks - 1
+        mbarrier.wait(v_bars.index(last % NUM_STAGES), (last // NUM_STAGES) & 1)
+        acc_tok = warpgroup_mma(p_op, v_smem.index(last % NUM_STAGES), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+
+        mbarrier.invalidate(q_bar)
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.invalidate(k_bars.index(i))
+            mbarrier.invalidate(v_bars.index(i))
+
+        empty = l_i == 0.0
+        l_safe = gl.where(empty, 1.0, l_i)
+        lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / _LOG2E)
+        rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        gl.store(p_lse + i_b * stride_lse_b + i_h * stride_lse_h + rows, lse, mask=rows < seqlen_q)
+        out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
+        if num_warps > 4:
+            gl.thread_barrier()            # every warpgroup's last Q K^T is done before Q's slot holds O
+        q_smem.store(out.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(o_desc, [m0, 0], q_smem)            # rows past seqlen_q dropped
+        tma.store_wait(pendings=0)
+
+
+# (head dim, right window / causal) -> tiles, stages, warps: where this kernel measured faster than
+# flash_fwd's (H200, bf16, 16384 tokens, model dim 2048, benchmarks/NOTES.md session 14). hd64 without a
+# mask, S = 2048 / 4096 / 8192 / 16384: 424 / 449 / 463 / 466 TFLOP/s vs 403 / 416 / 419 / 422 (cuDNN 451 /
+# 465 / 467 / 467). ptxas: 187 registers, no spill, 74 KB of shared memory (two programs per SM).
+HOPPER_CONFIGS = {
+    (64, False): dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, num_warps=4),
+}
+# Shorter key loops stay with flash_fwd's kernels (S = 1024: 375.5 vs 377 TFLOP/s).
+HOPPER_MIN_SEQLEN_K = 2048
+
+
+def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, programs_per_row_block: int,
+                          num_sms: int):
+    """This kernel's config for a call, or None where flash_fwd's kernels measured faster: head dims and
+    masks without a HOPPER_CONFIGS entry, key loops under HOPPER_MIN_SEQLEN_K, grids under two waves."""
+    config = HOPPER_CONFIGS.get((head_dim, causal))
+    if config is None or seqlen_k < HOPPER_MIN_SEQLEN_K:
+        return None
+    if -(-seqlen_q // config["BLOCK_M"]) * programs_per_row_block < 2 * num_sms:
+        return None
+    return dict(config)
+
+
+def _smem_layout(block_shape, dtype):
+    return gl.NVMMASharedLayout.get_default_for(block_shape, gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+
+
+def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
+                   nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config):
+    """Launch on validated inputs (flash_fwd's fast-path checks, TMA alignment included)."""
+    from .._triton import cdiv, ensure_tma_allocator
+
+    ensure_tma_allocator()
+    head_dim = q.shape[-1]
+    cfg = dict(config)
+    block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
+    grid = (cdiv(seqlen_q, block_m), q.shape[0] * nheads_q)
+    _flash_fwd_hopper_kernel[grid](
+        q, k, v, out, lse, *q_strides[:3], *k_strides[:3], *v_strides[:3], *o_strides[:3], *lse_strides,
+        nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, qk_scale, window_right,
+        HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_DIM=head_dim, Q_SMEM=_smem_layout([block_m, head_dim], q.dtype),
+        KV_SMEM=_smem_layout([block_n, head_dim], q.dtype), **cfg)
+    return out, lse
