@@ -40,6 +40,7 @@ import torch
 import triton
 
 from ..._env import INTERPRET
+from .._triton import cdiv, ensure_tma_allocator
 
 # The triton release this file's Gluon code is written and GPU-tested against.
 GLUON_TRITON = "3.6."
@@ -59,11 +60,12 @@ def available(device: torch.device) -> bool:
     """Whether this kernel can run here: compiled (not the interpreter) on an sm_90 GPU, with the
     triton release it was written for."""
     return (gluon is not None and not INTERPRET and triton.__version__.startswith(GLUON_TRITON)
-            and device.type == "cuda" and _capability(device.index) == (9, 0))
+            and device.type == "cuda"
+            and _capability(device.index if device.index is not None else torch.cuda.current_device()) == (9, 0))
 
 
 @functools.lru_cache(maxsize=None)
-def _capability(index):
+def _capability(index: int):
     return torch.cuda.get_device_capability(index)
 
 
@@ -267,8 +269,6 @@ def _smem_layout(block_shape, dtype):
 def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
                    nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config):
     """Launch on validated inputs (flash_fwd's fast-path checks, TMA alignment included)."""
-    from .._triton import cdiv, ensure_tma_allocator
-
     ensure_tma_allocator()
     head_dim = q.shape[-1]
     cfg = dict(config)
