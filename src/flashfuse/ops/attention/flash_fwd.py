@@ -482,13 +482,14 @@ def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softca
         return None                       # measured and ptxas-checked in 16 bits (FAST_CONFIGS)
     num_sms = 132 if INTERPRET else sm_count(q.device)
     programs = q.shape[0] * nheads_q
-    if GLUON_FORWARD and flash_fwd_hopper.available(q.device) and tma_compatible(q, k, v, out):
+    tma_ok = tma_compatible(q, k, v, out)
+    if GLUON_FORWARD and tma_ok and flash_fwd_hopper.available(q.device):
         cfg = flash_fwd_hopper.hopper_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1],
                                                      programs, num_sms)
         if cfg is not None:
             return dict(cfg, GLUON=True)
     cfg = fast_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1], programs, num_sms)
-    if cfg is not None and cfg["USE_TMA"] and not tma_compatible(q, k, v, out):
+    if cfg is not None and cfg["USE_TMA"] and not tma_ok:
         return None
     return cfg
 

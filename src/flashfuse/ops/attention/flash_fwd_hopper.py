@@ -257,7 +257,7 @@ def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: 
     config = HOPPER_CONFIGS.get((head_dim, causal))
     if config is None or seqlen_k < HOPPER_MIN_SEQLEN_K:
         return None
-    if -(-seqlen_q // config["BLOCK_M"]) * programs_per_row_block < 2 * num_sms:
+    if cdiv(seqlen_q, config["BLOCK_M"]) * programs_per_row_block < 2 * num_sms:
         return None
     return dict(config)
 
