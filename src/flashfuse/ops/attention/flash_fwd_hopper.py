@@ -40,7 +40,7 @@ import torch
 import triton
 
 from ..._env import INTERPRET
-from .._triton import cdiv, ensure_tma_allocator
+from .._triton import cdiv, ensure_tma_allocator, sm_count
 
 # The triton release this file's Gluon code is written and GPU-tested against.
 GLUON_TRITON = "3.6."
@@ -239,42 +239,93 @@ if gluon is not None:
         tma.store_wait(pendings=0)
 
 
-    # ---- Warp-specialized variant: a producer warp streams K / V, two consumer warpgroups own 64 rows each.
-    @gluon.jit
-    def _ws_producer(q_desc, k_desc, v_desc, smem, bars, m0, n_blocks, ROWS_PER_WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
-        """One warp: Q once per consumer, then K_j and V_j into slot j % NUM_STAGES as soon as both
-        consumers have released it (k_empty / v_empty complete one phase per round of the ring)."""
-        q_smem, k_smem, v_smem = smem
-        q_bars, k_ready, k_empty, v_ready, v_empty, turns = bars
-        for w in gl.static_range(NUM_CONSUMERS):
-            mbarrier.expect(q_bars.index(w), ROWS_PER_WG * HEAD_DIM * 2)
-            tma.async_copy_global_to_shared(q_desc, [m0 + w * ROWS_PER_WG, 0], q_bars.index(w), q_smem.index(w))
-        tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
-        for j in range(n_blocks):
-            slot = j % NUM_STAGES
-            free_phase = ((j // NUM_STAGES) & 1) ^ 1     # the first round passes: the slots start free
-            mbarrier.wait(k_empty.index(slot), free_phase)
-            mbarrier.expect(k_ready.index(slot), tile_bytes)
-            tma.async_copy_global_to_shared(k_desc, [j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
-            mbarrier.wait(v_empty.index(slot), free_phase)
-            mbarrier.expect(v_ready.index(slot), tile_bytes)
-            tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+    # ---- Warp-specialized, persistent variant: a producer warp streams Q / K / V, two consumer warpgroups
+    # own 64 query rows each; every program walks tiles t = pid, pid + nprog, ... of (row block, batch, head).
 
     @gluon.jit
-    def _ws_consumer(o_desc, p_lse_bh, smem, bars, m0, n_blocks, seqlen_q, seqlen_k, window_right, qk_scale,
-                     WG: gl.constexpr, PINGPONG: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                     ROWS_PER_WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     NUM_STAGES: gl.constexpr):
-        """One warpgroup, rows [m0 + WG * ROWS_PER_WG, +ROWS_PER_WG): the same schedule as the kernel
-        above (S_j issued beside P_{j-1} V_{j-1}), releasing each K / V slot to the producer through an
-        mbarrier instead of a CTA-wide barrier, so the two warpgroups drift apart and take turns on the
-        tensor cores."""
-        q_smem, k_smem, v_smem = smem
-        q_bars, k_ready, k_empty, v_ready, v_empty, turns = bars
-        my_turn = turns.index(WG)
-        other_turn = turns.index(1 - WG)
-        turn_parity = 1 - WG                 # warpgroup 0 issues first
+    def _ws_tile(t, n_m_blocks, n_bh, seqlen_q, seqlen_k, window_right, HAS_RIGHT: gl.constexpr,
+                 BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Tile t -> (row block, batch*head, first row, number of key blocks). Causal: the heaviest (last)
+        row blocks of every head first; otherwise the row blocks of one head side by side (K / V reuse in L2)."""
+        if HAS_RIGHT:
+            i_m = n_m_blocks - 1 - t // n_bh
+            i_bh = t % n_bh
+        else:
+            i_m = t % n_m_blocks
+            i_bh = t // n_m_blocks
+        m0 = i_m * BLOCK_M
+        hi = seqlen_k
+        if HAS_RIGHT:
+            off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+            last_row = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
+            hi = gl.maximum(gl.minimum(last_row + off + window_right + 1, seqlen_k), 0)
+        # A block whose rows see no key still runs block 0, fully masked: O = 0, lse = +inf.
+        return i_bh, m0, gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
+
+    @gluon.jit
+    def _ws_producer(p_q, p_k, p_v, strides, smem, bars, shape, window_right, HAS_RIGHT: gl.constexpr,
+                     BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr,
+                     KV_SMEM: gl.constexpr):
+        """One warp: per tile, Q into each consumer's slot once that consumer's last Q K^T of the previous
+        tile is done, then K_j / V_j into ring slot c % NUM_STAGES (c counts key blocks over all tiles) once
+        both consumers released it."""
+        stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h = strides
+        q_smem, k_smem, v_smem, o_smem = smem
+        q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
+        nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_tiles = shape
+        ROWS: gl.constexpr = BLOCK_M // 2
+        tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
+        n_bh = n_tiles // n_m_blocks
+        c = 0
+        it = 0
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            i_bh, m0, n_blocks = _ws_tile(t, n_m_blocks, n_bh, seqlen_q, seqlen_k, window_right, HAS_RIGHT,
+                                          BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+            i_b = (i_bh // nheads_q).to(gl.int64)
+            i_h = (i_bh % nheads_q).to(gl.int64)
+            i_hk = i_h // group
+            # Both Q slots free (the previous tile's Q K^T are all done; the first tile passes), and the
+            # previous tile's last K / V landed: every load through the old descriptors is complete.
+            for w in gl.static_range(2):
+                mbarrier.wait(q_empty.index(w), (it & 1) ^ 1)
+            if c > 0:
+                mbarrier.wait(k_ready.index((c - 1) % NUM_STAGES), ((c - 1) // NUM_STAGES) & 1)
+                mbarrier.wait(v_ready.index((c - 1) % NUM_STAGES), ((c - 1) // NUM_STAGES) & 1)
+            q_desc = tma.make_tensor_descriptor(p_q + i_b * stride_q_b + i_h * stride_q_h, [seqlen_q, HEAD_DIM],
+                                                [stride_q_s, 1], [ROWS, HEAD_DIM], Q_SMEM)
+            k_desc = tma.make_tensor_descriptor(p_k + i_b * stride_k_b + i_hk * stride_k_h, [seqlen_k, HEAD_DIM],
+                                                [stride_k_s, 1], [BLOCK_N, HEAD_DIM], KV_SMEM)
+            v_desc = tma.make_tensor_descriptor(p_v + i_b * stride_v_b + i_hk * stride_v_h, [seqlen_k, HEAD_DIM],
+                                                [stride_v_s, 1], [BLOCK_N, HEAD_DIM], KV_SMEM)
+            for w in gl.static_range(2):
+                mbarrier.expect(q_ready.index(w), ROWS * HEAD_DIM * 2)
+                tma.async_copy_global_to_shared(q_desc, [m0 + w * ROWS, 0], q_ready.index(w), q_smem.index(w))
+            for j in range(n_blocks):
+                slot = (c + j) % NUM_STAGES
+                free_parity = (((c + j) // NUM_STAGES) & 1) ^ 1
+                mbarrier.wait(k_empty.index(slot), free_parity)
+                mbarrier.expect(k_ready.index(slot), tile_bytes)
+                tma.async_copy_global_to_shared(k_desc, [j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+                mbarrier.wait(v_empty.index(slot), free_parity)
+                mbarrier.expect(v_ready.index(slot), tile_bytes)
+                tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+            c += n_blocks
+            it += 1
+
+    @gluon.jit
+    def _ws_consumer(p_o, p_lse, strides, smem, bars, shape, window_right, qk_scale, WG: gl.constexpr,
+                     HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, O_SMEM: gl.constexpr):
+        """One warpgroup, rows [m0 + WG * BLOCK_M / 2, +BLOCK_M / 2) of each tile: the schedule of the kernel
+        above (S_j issued beside P_{j-1} V_{j-1}), releasing K / V slots and its Q slot through mbarriers
+        instead of CTA-wide barriers, so the two warpgroups drift apart and take turns on the tensor cores.
+        O leaves through its own shared-memory slot by TMA while the next tile starts."""
+        stride_o_b, stride_o_s, stride_o_h, stride_lse_b, stride_lse_h = strides
+        q_smem, k_smem, v_smem, o_smem = smem
+        q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
+        nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_tiles = shape
+        ROWS: gl.constexpr = BLOCK_M // 2
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -282,70 +333,73 @@ if gluon is not None:
                                                            instr_shape=[16, HEAD_DIM, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        row0 = m0 + WG * ROWS_PER_WG
-        full_end = seqlen_k
-        if HAS_RIGHT:
-            off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
-            full_end = gl.minimum(row0 + off + window_right + 1, seqlen_k)
         q = q_smem.index(WG)
+        o_buf = o_smem.index(WG)
+        zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+        n_bh = n_tiles // n_m_blocks
+        c = 0
+        it = 0
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            i_bh, m0, n_blocks = _ws_tile(t, n_m_blocks, n_bh, seqlen_q, seqlen_k, window_right, HAS_RIGHT,
+                                          BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+            row0 = m0 + WG * ROWS
+            full_end = seqlen_k
+            if HAS_RIGHT:
+                off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+                full_end = gl.minimum(row0 + off + window_right + 1, seqlen_k)
+            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+            l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+            acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
 
-        zero_s = gl.zeros([ROWS_PER_WG, BLOCK_N], gl.float32, layout=s_layout)
-        m_i = gl.full([ROWS_PER_WG], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-        l_i = gl.zeros([ROWS_PER_WG], gl.float32, layout=gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([ROWS_PER_WG, HEAD_DIM], gl.float32, layout=o_layout)
-
-        mbarrier.wait(q_bars.index(WG), 0)
-        mbarrier.wait(k_ready.index(0), 0)
-        if PINGPONG:
-            mbarrier.wait(my_turn, turn_parity)
-        s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        if PINGPONG:
-            mbarrier.arrive(other_turn, count=1)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
-        mbarrier.arrive(k_empty.index(0), count=1)
-        p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, 0, row0, seqlen_q, seqlen_k, full_end, window_right,
-                                            qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS_PER_WG, BLOCK_N, s_layout)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-
-        for j in range(1, n_blocks):
-            slot = j % NUM_STAGES
-            prev = (j - 1) % NUM_STAGES
-            mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
-            if PINGPONG:
-                mbarrier.wait(my_turn, turn_parity ^ (j & 1))
-            s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            if PINGPONG:
-                mbarrier.arrive(other_turn, count=1)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
-            mbarrier.arrive(k_empty.index(slot), count=1)
-            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j, row0, seqlen_q, seqlen_k, full_end, window_right,
-                                                qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS_PER_WG, BLOCK_N, s_layout)
-            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
-            mbarrier.arrive(v_empty.index(prev), count=1)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+            mbarrier.wait(q_ready.index(WG), it & 1)
+            mbarrier.wait(k_ready.index(c % NUM_STAGES), (c // NUM_STAGES) & 1)
+            s_tok = warpgroup_mma(q, k_smem.index(c % NUM_STAGES).permute((1, 0)), zero_s, use_acc=False,
+                                  is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
+            mbarrier.arrive(k_empty.index(c % NUM_STAGES), count=1)
+            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, 0, row0, seqlen_q, seqlen_k, full_end, window_right,
+                                                qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, s_layout)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
+            for j in range(1, n_blocks):
+                slot = (c + j) % NUM_STAGES
+                prev = (c + j - 1) % NUM_STAGES
+                mbarrier.wait(k_ready.index(slot), ((c + j) // NUM_STAGES) & 1)
+                s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                mbarrier.wait(v_ready.index(prev), ((c + j - 1) // NUM_STAGES) & 1)
+                acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))       # S_j done; P V still running
+                mbarrier.arrive(k_empty.index(slot), count=1)
+                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j, row0, seqlen_q, seqlen_k, full_end,
+                                                    window_right, qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N,
+                                                    s_layout)
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
+                mbarrier.arrive(v_empty.index(prev), count=1)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+            mbarrier.arrive(q_empty.index(WG), count=1)      # every Q K^T of this tile is done
+            last = c + n_blocks - 1
+            mbarrier.wait(v_ready.index(last % NUM_STAGES), (last // NUM_STAGES) & 1)
+            acc_tok = warpgroup_mma(p_op, v_smem.index(last % NUM_STAGES), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+            mbarrier.arrive(v_empty.index(last % NUM_STAGES), count=1)
 
-        last = n_blocks - 1
-        mbarrier.wait(v_ready.index(last % NUM_STAGES), (last // NUM_STAGES) & 1)
-        if PINGPONG:
-            mbarrier.wait(my_turn, turn_parity ^ (n_blocks & 1))
-        acc_tok = warpgroup_mma(p_op, v_smem.index(last % NUM_STAGES), acc, is_async=True)
-        if PINGPONG:
-            mbarrier.arrive(other_turn, count=1)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
-
-        empty = l_i == 0.0
-        l_safe = gl.where(empty, 1.0, l_i)
-        lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / _LOG2E)
-        rows = row0 + gl.arange(0, ROWS_PER_WG, layout=gl.SliceLayout(1, s_layout))
-        gl.store(p_lse_bh + rows, lse, mask=rows < seqlen_q)
-        out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
-        q.store(out.to(dtype))                       # this warpgroup's Q slot now holds its O rows
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(o_desc, [row0, 0], q)
+            i_b = (i_bh // nheads_q).to(gl.int64)
+            i_h = (i_bh % nheads_q).to(gl.int64)
+            empty = l_i == 0.0
+            l_safe = gl.where(empty, 1.0, l_i)
+            lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / _LOG2E)
+            rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+            gl.store(p_lse + i_b * stride_lse_b + i_h * stride_lse_h + rows, lse, mask=rows < seqlen_q)
+            out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
+            tma.store_wait(pendings=0)       # the previous tile's O has left o_buf (and its descriptor)
+            o_desc = tma.make_tensor_descriptor(p_o + i_b * stride_o_b + i_h * stride_o_h, [seqlen_q, HEAD_DIM],
+                                                [stride_o_s, 1], [ROWS, HEAD_DIM], O_SMEM)
+            o_buf.store(out.to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(o_desc, [row0, 0], o_buf)          # rows past seqlen_q dropped
+            c += n_blocks
+            it += 1
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -356,71 +410,51 @@ if gluon is not None:
         stride_v_b, stride_v_s, stride_v_h,
         stride_o_b, stride_o_s, stride_o_h,
         stride_lse_b, stride_lse_h,
-        nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_right,
+        nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_right, n_tiles,
         HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-        Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        num_warps: gl.constexpr,
+        Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     ):
-        # Same tensors and grid as _flash_fwd_hopper_kernel; BLOCK_M rows per program, 64 per consumer
-        # warpgroup. num_warps = 4 is the first consumer (the default partition); a second consumer
-        # warpgroup and a producer warp are the workers.
+        # Same tensors as _flash_fwd_hopper_kernel. Grid (min(n_tiles, programs),): n_tiles = cdiv(seqlen_q,
+        # BLOCK_M) * batch * nheads_q. num_warps = 4 is the first consumer warpgroup (the default partition);
+        # the second consumer warpgroup and the producer warp are the workers.
         gl.static_assert(num_warps == 4)
-        ROWS_PER_WG: gl.constexpr = 64
-        NUM_CONSUMERS: gl.constexpr = BLOCK_M // ROWS_PER_WG
-        gl.static_assert(NUM_CONSUMERS == 2)
+        gl.static_assert(BLOCK_M == 128)
         dtype: gl.constexpr = p_q.dtype.element_ty
-        i_m = gl.num_programs(0) - 1 - gl.program_id(0)
-        i_bh = gl.program_id(1)
-        i_b = (i_bh // nheads_q).to(gl.int64)
-        i_h = (i_bh % nheads_q).to(gl.int64)
-        i_hk = i_h // group
-        m0 = i_m * BLOCK_M
-        q_desc = tma.make_tensor_descriptor(p_q + i_b * stride_q_b + i_h * stride_q_h, [seqlen_q, HEAD_DIM],
-                                            [stride_q_s, 1], [ROWS_PER_WG, HEAD_DIM], Q_SMEM)
-        k_desc = tma.make_tensor_descriptor(p_k + i_b * stride_k_b + i_hk * stride_k_h, [seqlen_k, HEAD_DIM],
-                                            [stride_k_s, 1], [BLOCK_N, HEAD_DIM], KV_SMEM)
-        v_desc = tma.make_tensor_descriptor(p_v + i_b * stride_v_b + i_hk * stride_v_h, [seqlen_k, HEAD_DIM],
-                                            [stride_v_s, 1], [BLOCK_N, HEAD_DIM], KV_SMEM)
-        o_desc = tma.make_tensor_descriptor(p_o + i_b * stride_o_b + i_h * stride_o_h, [seqlen_q, HEAD_DIM],
-                                            [stride_o_s, 1], [ROWS_PER_WG, HEAD_DIM], Q_SMEM)
-        hi = seqlen_k
-        if HAS_RIGHT:
-            off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
-            last_row = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
-            hi = gl.maximum(gl.minimum(last_row + off + window_right + 1, seqlen_k), 0)
-        n_blocks = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
-
-        q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, ROWS_PER_WG, HEAD_DIM], Q_SMEM)
+        ROWS: gl.constexpr = BLOCK_M // 2
+        q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], Q_SMEM)
+        o_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], Q_SMEM)
         k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
         v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
-        q_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        turns = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-        for w in gl.static_range(NUM_CONSUMERS):
-            mbarrier.init(q_bars.index(w), count=1)
-            mbarrier.init(turns.index(w), count=1)
+        for w in gl.static_range(2):
+            mbarrier.init(q_ready.index(w), count=1)
+            mbarrier.init(q_empty.index(w), count=1)
         for i in gl.static_range(NUM_STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=NUM_CONSUMERS)
-            mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
+            mbarrier.init(k_empty.index(i), count=2)           # one arrival per consumer warpgroup
+            mbarrier.init(v_empty.index(i), count=2)
 
-        p_lse_bh = p_lse + i_b * stride_lse_b + i_h * stride_lse_h
-        smem = (q_smem, k_smem, v_smem)
-        bars = (q_bars, k_ready, k_empty, v_ready, v_empty, turns)
+        smem = (q_smem, k_smem, v_smem, o_smem)
+        bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
+        shape = (nheads_q, group, seqlen_q, seqlen_k, gl.cdiv(seqlen_q, BLOCK_M), n_tiles)
+        o_strides = (stride_o_b, stride_o_s, stride_o_h, stride_lse_b, stride_lse_h)
+        in_strides = (stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h,
+                      stride_v_b, stride_v_s, stride_v_h)
         gl.warp_specialize([
-            (_ws_consumer, (o_desc, p_lse_bh, smem, bars, m0, n_blocks, seqlen_q, seqlen_k, window_right, qk_scale,
-                            0, PINGPONG, HAS_RIGHT, BOTTOM_RIGHT, ROWS_PER_WG, BLOCK_N, HEAD_DIM, NUM_STAGES)),
-            (_ws_consumer, (o_desc, p_lse_bh, smem, bars, m0, n_blocks, seqlen_q, seqlen_k, window_right, qk_scale,
-                            1, PINGPONG, HAS_RIGHT, BOTTOM_RIGHT, ROWS_PER_WG, BLOCK_N, HEAD_DIM, NUM_STAGES)),
-            (_ws_producer, (q_desc, k_desc, v_desc, smem, bars, m0, n_blocks, ROWS_PER_WG, BLOCK_N, HEAD_DIM,
-                            NUM_STAGES, NUM_CONSUMERS)),
+            (_ws_consumer, (p_o, p_lse, o_strides, smem, bars, shape, window_right, qk_scale, 0, HAS_RIGHT,
+                            BOTTOM_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_SMEM)),
+            (_ws_consumer, (p_o, p_lse, o_strides, smem, bars, shape, window_right, qk_scale, 1, HAS_RIGHT,
+                            BOTTOM_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_SMEM)),
+            (_ws_producer, (p_q, p_k, p_v, in_strides, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT,
+                            BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_SMEM, KV_SMEM)),
         ], [4, 1], [CONSUMER_REGS, 24])
-
 
 # (head dim, right window / causal) -> tiles, stages, warps: where this kernel measured faster than
 # flash_fwd's (H200, bf16, 16384 tokens, model dim 2048, benchmarks/NOTES.md session 14). hd64 without a
@@ -456,15 +490,16 @@ def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_stri
     head_dim = q.shape[-1]
     cfg = dict(config)
     block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
-    grid = (cdiv(seqlen_q, block_m), q.shape[0] * nheads_q)
+    common = (q, k, v, out, lse, *q_strides[:3], *k_strides[:3], *v_strides[:3], *o_strides[:3], *lse_strides,
+              nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, qk_scale, window_right)
+    consts = dict(HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_M=block_m, BLOCK_N=block_n,
+                  HEAD_DIM=head_dim, KV_SMEM=_smem_layout([block_n, head_dim], q.dtype))
     if cfg.pop("WARP_SPECIALIZED", False):
-        kernel, q_rows = _flash_fwd_hopper_ws_kernel, 64
+        n_tiles = cdiv(seqlen_q, block_m) * q.shape[0] * nheads_q
+        programs = min(n_tiles, sm_count(q.device)) if cfg.pop("PERSISTENT") else n_tiles
+        _flash_fwd_hopper_ws_kernel[(programs, )](*common, n_tiles, Q_SMEM=_smem_layout([block_m // 2, head_dim], q.dtype),
+                                                  **consts, **cfg)
     else:
-        kernel, q_rows = _flash_fwd_hopper_kernel, block_m
-    kernel[grid](
-        q, k, v, out, lse, *q_strides[:3], *k_strides[:3], *v_strides[:3], *o_strides[:3], *lse_strides,
-        nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, qk_scale, window_right,
-        HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_M=block_m, BLOCK_N=block_n,
-        HEAD_DIM=head_dim, Q_SMEM=_smem_layout([q_rows, head_dim], q.dtype),
-        KV_SMEM=_smem_layout([block_n, head_dim], q.dtype), **cfg)
+        grid = (cdiv(seqlen_q, block_m), q.shape[0] * nheads_q)
+        _flash_fwd_hopper_kernel[grid](*common, Q_SMEM=_smem_layout([block_m, head_dim], q.dtype), **consts, **cfg)
     return out, lse
