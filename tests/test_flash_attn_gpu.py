@@ -441,19 +441,24 @@ def test_fast_forward_table_gpu(monkeypatch, causal):
     assert err < 1e-2, f"rel err {err:.2e}"
 
 
-@pytest.mark.parametrize("headdim, causal", [(128, True), (64, False)], ids=["triton-hd128-causal", "gluon-hd64"])
-def test_fast_forward_graph_compile_thread_gpu(monkeypatch, headdim, causal):
+@pytest.mark.parametrize("headdim, causal, gluon", [(128, True, False), (64, False, True), (128, False, True),
+                                                    (128, True, True)],
+                         ids=["triton-hd128-causal", "gluon-hd64", "gluon-ws-persistent-hd128", "gluon-ws-hd128-causal"])
+def test_fast_forward_graph_compile_thread_gpu(monkeypatch, headdim, causal, gluon):
     """The fast kernels' device-side descriptors need triton's allocator: under CUDA-graph capture and
     replay, torch.compile(fullgraph=True), and in a new thread (the allocator is a context variable).
-    hd128 causal runs the Triton fast kernel, hd64 without a mask flash_fwd_hopper's Gluon kernel."""
+    The Triton fast kernel (Gluon switched off), and flash_fwd_hopper's kernels where HOPPER_CONFIGS sends
+    these shapes: hd64 without a mask, the warp-specialized hd128 (persistent without a mask)."""
     import threading
 
     monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
-    if (headdim, causal) in flash_fwd_hopper.HOPPER_CONFIGS:
+    if gluon:
         _require_gluon()
+        assert flash_fwd_hopper.hopper_forward_config(headdim, causal, 4096, 4096, 16, 132) is not None
         monkeypatch.setattr(flash_fwd, "_flash_fwd_fast_kernel", None)
-    q, k, v = (torch.randn(1, flash_fwd.FAST_MIN_SEQLEN_K[True], 16, headdim, device="cuda", dtype=BF16)
-               for _ in range(3))
+    else:
+        monkeypatch.setattr(flash_fwd, "GLUON_FORWARD", False)
+    q, k, v = (torch.randn(1, 4096, 16, headdim, device="cuda", dtype=BF16) for _ in range(3))
     eager = flash_attn_func(q, k, v, causal=causal)
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -488,26 +493,38 @@ def _require_gluon():
                     f"(here sm_{''.join(map(str, torch.cuda.get_device_capability()))}, triton {triton.__version__})")
 
 
-def _hopper(bm, bn, stages, warps):
-    return dict(BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages, num_warps=warps)
+def _hopper(bm, bn, stages, warps, **ws):
+    return dict(BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages, num_warps=warps, **ws)
 
 
-# (head dim, config): HOPPER_CONFIGS's entry, then the session-14 sweep's alternatives (causal, hd128, 8 warps).
-HOPPER_GPU_CONFIGS = [(64, _hopper(64, 128, 2, 4)), (128, _hopper(128, 128, 2, 8)), (128, _hopper(128, 128, 3, 8)),
+def _hopper_id(headdim, config):
+    ws = "-ws-persistent" if config.get("PERSISTENT") else "-ws" if config.get("WARP_SPECIALIZED") else ""
+    return "d{}-{BLOCK_M}x{BLOCK_N}-s{NUM_STAGES}-w{num_warps}".format(headdim, **config) + ws
+
+
+# (head dim, config): HOPPER_CONFIGS's entries, then the alternatives measured in sessions 14-15 (causal, hd128
+# with 8 warps; the warp-specialized kernel at hd64).
+_WS = dict(WARP_SPECIALIZED=True, CONSUMER_REGS=240)
+HOPPER_GPU_CONFIGS = [(64, _hopper(64, 128, 2, 4)), (128, _hopper(128, 128, 2, 4, **_WS, PERSISTENT=True)),
+                      (128, _hopper(128, 128, 2, 4, **_WS, PERSISTENT=False)),
+                      (64, _hopper(128, 128, 2, 4, **_WS, PERSISTENT=True)),
+                      (128, _hopper(128, 128, 2, 8)), (128, _hopper(128, 128, 3, 8)),
                       (64, _hopper(128, 64, 3, 8)), (128, _hopper(64, 64, 2, 4))]
 HOPPER_GPU_SHAPES = FAST_GPU_SHAPES + [(BF16, (1, 77), MHA, {}), (F16, (300, 100), GQA, {"causal": True})]
 HOPPER_GPU_CASES = [(d, cfg, *shape) for d, cfg in HOPPER_GPU_CONFIGS for shape in HOPPER_GPU_SHAPES]
 
 
 @pytest.mark.parametrize("headdim, config, dtype, seqlens, heads, opts", HOPPER_GPU_CASES,
-                         ids=["d{}-{BLOCK_M}x{BLOCK_N}-s{NUM_STAGES}-w{num_warps}".format(c[0], **c[1])
-                              + f"-{c[3][0]}x{c[3][1]}-{'-'.join(c[5]) or 'full'}" for c in HOPPER_GPU_CASES])
+                         ids=[_hopper_id(c[0], c[1]) + f"-{c[3][0]}x{c[3][1]}-{'-'.join(c[5]) or 'full'}"
+                              for c in HOPPER_GPU_CASES])
 def test_hopper_forward_gpu(monkeypatch, headdim, config, dtype, seqlens, heads, opts):
     """The Gluon kernel alone (the Triton forwards removed) against the fp32 reference: out, lse, every
     gradient (the backward consumes its lse); ragged ends, causal both ways, a right window, rows with no
-    visible key exactly 0, GQA / MQA, one query row."""
+    visible key exactly 0, GQA / MQA, one query row. Three "SMs", so that a persistent program walks
+    several tiles of different heads and causal lengths."""
     _require_gluon()
     monkeypatch.setattr(flash_fwd_hopper, "hopper_forward_config", lambda *a: dict(config))
+    monkeypatch.setattr(flash_fwd_hopper, "sm_count", lambda device: 3)
     monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
     monkeypatch.setattr(flash_fwd, "_flash_fwd_fast_kernel", None)
     q, k, v = rand_qkv(2, *seqlens, *heads, headdim, dtype=dtype, device="cuda")
@@ -519,19 +536,23 @@ def test_hopper_forward_gpu(monkeypatch, headdim, config, dtype, seqlens, heads,
     assert_zero_rows("dq", grads["q"], empty)
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16])
-def test_hopper_forward_table_gpu(monkeypatch, dtype):
-    """HOPPER_CONFIGS at a benchmark shape (16384 tokens, model dim 2048, hd 64, S = HOPPER_MIN_SEQLEN_K): the
-    launcher picks the Gluon kernel by itself (the Triton forwards removed); output within 16-bit rounding of
-    SDPA's math backend in fp32."""
+HOPPER_TABLE_CASES = [(d, causal, min_seqlen_k, dtype) for (d, causal), entries in flash_fwd_hopper.HOPPER_CONFIGS.items()
+                      for min_seqlen_k, _ in entries for dtype in (BF16, F16)]
+
+
+@pytest.mark.parametrize("headdim, causal, seqlen, dtype", HOPPER_TABLE_CASES,
+                         ids=[f"d{c[0]}-{'causal' if c[1] else 'full'}-s{c[2]}-{str(c[3])[6:]}" for c in HOPPER_TABLE_CASES])
+def test_hopper_forward_table_gpu(monkeypatch, headdim, causal, seqlen, dtype):
+    """Each HOPPER_CONFIGS entry at a benchmark shape (16384 tokens, model dim 2048, S = the entry's
+    shortest key loop): the launcher picks the Gluon kernels by itself (the Triton forwards removed);
+    output within 16-bit rounding of SDPA's math backend in fp32."""
     _require_gluon()
     monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
     monkeypatch.setattr(flash_fwd, "_flash_fwd_fast_kernel", None)
-    headdim, seqlen = 64, flash_fwd_hopper.HOPPER_MIN_SEQLEN_K
     q, k, v = (torch.randn(16384 // seqlen, seqlen, 2048 // headdim, headdim, device="cuda", dtype=dtype)
                for _ in range(3))
-    out = flash_attn_func(q, k, v)
-    ref = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2).float() for t in (q, k, v))
-                                                           ).transpose(1, 2)
+    out = flash_attn_func(q, k, v, causal=causal)
+    ref = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2).float() for t in (q, k, v)),
+                                                           is_causal=causal).transpose(1, 2)
     err = ((out.float() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, f"rel err {err:.2e}"

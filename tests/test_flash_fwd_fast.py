@@ -120,16 +120,21 @@ def test_tma_allocator_set_once():
 
 
 def test_hopper_forward_plan():
-    """flash_fwd_hopper's Gluon kernel: never in the interpreter (Gluon has none), and on the GPU only where
-    its table says it measured faster: head dim 64 without a mask, key loops from HOPPER_MIN_SEQLEN_K on,
-    grids of two waves or more. Its kernel runs in the GPU tier (test_flash_attn_gpu.py)."""
+    """flash_fwd_hopper's Gluon kernels: never in the interpreter (Gluon has none), and on the GPU only where
+    its table says they measured faster: head dim 64 without a mask from 2048 keys, head dim 128 (warp-
+    specialized; persistent without a mask from 512 keys, one tile per program causal from 1024), grids of
+    two waves or more. The kernels run in the GPU tier (test_flash_attn_gpu.py)."""
     from flashfuse.ops.attention import flash_fwd_hopper as hopper
 
     assert not hopper.available(torch.device("cpu"))
-    s = hopper.HOPPER_MIN_SEQLEN_K
-    config = hopper.hopper_forward_config(64, False, s, s, 16 * 16, 132)
-    assert config == hopper.HOPPER_CONFIGS[(64, False)] and config is not hopper.HOPPER_CONFIGS[(64, False)]
-    assert hopper.hopper_forward_config(64, True, s, s, 16 * 16, 132) is None          # causal: Triton's
-    assert hopper.hopper_forward_config(128, False, s, s, 16 * 16, 132) is None        # hd128: Triton's
-    assert hopper.hopper_forward_config(64, False, s, s // 2, 16 * 16, 132) is None    # short key loop
-    assert hopper.hopper_forward_config(64, False, s, s, 4, 132) is None               # under two waves
+    config = hopper.hopper_forward_config(64, False, 2048, 2048, 16 * 16, 132)
+    assert config == hopper.HOPPER_CONFIGS[(64, False)][0][1] and config is not hopper.HOPPER_CONFIGS[(64, False)][0][1]
+    assert not config.get("WARP_SPECIALIZED")
+    assert hopper.hopper_forward_config(128, False, 512, 512, 32 * 16, 132)["PERSISTENT"]
+    causal = hopper.hopper_forward_config(128, True, 1024, 1024, 16 * 16, 132)
+    assert causal["WARP_SPECIALIZED"] and not causal["PERSISTENT"]
+    assert hopper.hopper_forward_config(64, True, 4096, 4096, 16 * 16, 132) is None       # hd64 causal: Triton's
+    assert hopper.hopper_forward_config(96, False, 4096, 4096, 16 * 16, 132) is None      # no entry
+    assert hopper.hopper_forward_config(64, False, 2048, 1024, 16 * 16, 132) is None      # short key loop
+    assert hopper.hopper_forward_config(128, True, 512, 512, 32 * 16, 132) is None        # short key loop
+    assert hopper.hopper_forward_config(64, False, 2048, 2048, 4, 132) is None            # under two waves

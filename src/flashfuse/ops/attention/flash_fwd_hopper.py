@@ -16,14 +16,23 @@ block j runs
 K and V tiles stream through NUM_STAGES shared-memory slots filled by TMA (mbarrier per slot): a K
 slot is refilled as soon as its Q K^T is done, a V slot once its P V is done.
 
-Measured on an H200 (benchmarks/NOTES.md, session 14): at head dim 64 without a mask, one warpgroup on
-64 x 128 tiles (two programs per SM) runs 5-11% faster than flash_fwd's Triton kernels and at 0.94-1.0x
-cuDNN from S = 2048: that is the one entry of HOPPER_CONFIGS. Under a causal mask and at head dim 128
-(8 warps, 128-row tiles) it measured slower than the Triton kernels, so those stay there. In the
-compiled code ptxas moves the P V wait above the exponentials (the new P takes the registers of the old
-one), and two warpgroups sharing K / V tiles synchronise at every refill: the overlap above is only
-partly real. P passed through shared memory instead kept the exponentials before the wait and measured
-no faster.
+Two kernels run this schedule:
+
+- ``_flash_fwd_hopper_kernel``: every warp does everything. At head dim 64, one warpgroup on 64 x 128
+  tiles (two programs per SM) measured 5-11% faster than flash_fwd's Triton kernels (H200, session 14).
+  With two warpgroups on 128-row tiles (head dim 128) it lost: the warpgroups share K / V slots, so each
+  refill takes a CTA-wide barrier and they run in lockstep, both on the softmax at once; and ptxas moves
+  the P V wait above the exponentials (the new P takes the registers of the old one).
+- ``_flash_fwd_hopper_ws_kernel`` (FlashAttention-3's warp specialization): a producer warp streams Q,
+  K and V by TMA; two consumer warpgroups own 64 query rows each and run the schedule above, releasing
+  slots through mbarriers (one arrival per warpgroup) instead of CTA-wide barriers. The warpgroups
+  drift apart, one's softmax running beside the other's matrix products, and the registers move to the
+  consumers (240 each, 24 for the producer). Optionally persistent: one program per SM walks the tiles,
+  the producer loading the next tile while the consumers finish the last one, O leaving through its own
+  shared-memory slot. At head dim 128 this measured 1.0-1.3x the Triton kernels and 0.77-1.05x cuDNN
+  (session 15); an explicit ping-pong between the warpgroups (mbarrier turns) measured no faster.
+
+HOPPER_CONFIGS says where each one is used.
 
 Scope: the common case only, as flash_fwd's fast kernel: 16-bit inputs, no dropout / ALiBi / softcap /
 bias / left window / varlen; a right window (causal) and GQA are in. Gluon is triton's lower-level
@@ -243,16 +252,15 @@ if gluon is not None:
     # own 64 query rows each; every program walks tiles t = pid, pid + nprog, ... of (row block, batch, head).
 
     @gluon.jit
-    def _ws_tile(t, n_m_blocks, n_bh, seqlen_q, seqlen_k, window_right, HAS_RIGHT: gl.constexpr,
+    def _ws_tile(t, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT: gl.constexpr,
                  BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-        """Tile t -> (row block, batch*head, first row, number of key blocks). Causal: the heaviest (last)
-        row blocks of every head first; otherwise the row blocks of one head side by side (K / V reuse in L2)."""
+        """Tile t -> (batch*head, first row, number of key blocks): the row blocks of one head side by side
+        (K / V reuse in L2), causal heaviest (last) first. (Causal with all heads' heaviest blocks first,
+        for a balanced static round-robin, measured slower: the K / V in flight no longer fit L2.)"""
+        i_m = t % n_m_blocks
         if HAS_RIGHT:
-            i_m = n_m_blocks - 1 - t // n_bh
-            i_bh = t % n_bh
-        else:
-            i_m = t % n_m_blocks
-            i_bh = t // n_m_blocks
+            i_m = n_m_blocks - 1 - i_m
+        i_bh = t // n_m_blocks
         m0 = i_m * BLOCK_M
         hi = seqlen_k
         if HAS_RIGHT:
@@ -276,11 +284,10 @@ if gluon is not None:
         nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_tiles = shape
         ROWS: gl.constexpr = BLOCK_M // 2
         tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
-        n_bh = n_tiles // n_m_blocks
         c = 0
         it = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            i_bh, m0, n_blocks = _ws_tile(t, n_m_blocks, n_bh, seqlen_q, seqlen_k, window_right, HAS_RIGHT,
+            i_bh, m0, n_blocks = _ws_tile(t, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT,
                                           BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
             i_b = (i_bh // nheads_q).to(gl.int64)
             i_h = (i_bh % nheads_q).to(gl.int64)
@@ -336,11 +343,10 @@ if gluon is not None:
         q = q_smem.index(WG)
         o_buf = o_smem.index(WG)
         zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-        n_bh = n_tiles // n_m_blocks
         c = 0
         it = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            i_bh, m0, n_blocks = _ws_tile(t, n_m_blocks, n_bh, seqlen_q, seqlen_k, window_right, HAS_RIGHT,
+            i_bh, m0, n_blocks = _ws_tile(t, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT,
                                           BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
             row0 = m0 + WG * ROWS
             full_end = seqlen_k
@@ -456,25 +462,36 @@ if gluon is not None:
                             BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_SMEM, KV_SMEM)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
-# (head dim, right window / causal) -> tiles, stages, warps: where this kernel measured faster than
-# flash_fwd's (H200, bf16, 16384 tokens, model dim 2048, benchmarks/NOTES.md session 14). hd64 without a
-# mask, S = 2048 / 4096 / 8192 / 16384: 424 / 449 / 463 / 466 TFLOP/s vs 403 / 416 / 419 / 422 (cuDNN 451 /
-# 465 / 467 / 467). ptxas: 187 registers, no spill, 74 KB of shared memory (two programs per SM).
+_WARP_SPECIALIZED = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, num_warps=4, WARP_SPECIALIZED=True, CONSUMER_REGS=240)
+
+# (head dim, right window / causal) -> ((shortest key loop, config), ...): where these kernels measured faster
+# than flash_fwd's (H200, bf16, 16384 tokens, model dim 2048; benchmarks/NOTES.md sessions 14-15). A call takes
+# the last entry whose key loop is at most seqlen_k.
+# - hd64 without a mask, one warpgroup on 64 x 128 tiles (two programs per SM), from S = 2048 (S = 1024: 375.5
+#   vs 377 TFLOP/s): 424 / 449 / 463 / 466 TFLOP/s at S = 2048..16384 vs 403 / 416 / 419 / 422 (cuDNN 451 / 465
+#   / 467 / 467). The warp-specialized kernel measured slower at hd64 (e.g. 400 vs 427 at S = 2048).
+# - hd128 without a mask, warp-specialized and persistent: 389 / 496 / 557 / 597 / 614 / 622 TFLOP/s at
+#   S = 512..16384 vs 294 / 384 / 473 / 505 / 525 / 544 (cuDNN 509 / 567 / 596 / 623 / 622 / 611).
+# - hd128 causal, warp-specialized, one tile per program (heaviest first; persistent measured slower from
+#   S = 2048 on, 375-549 vs 410-607): 298 / 410 / 503 / 555 / 607 at S = 1024..16384 vs 287 / 368 / 443 / 492 /
+#   542 (cuDNN 428 / 490 / 531 / 554 / 559). S = 512: 166 vs 212, so from 1024.
+# ptxas: 187 registers, 74 KB of shared memory (hd64); 168 at launch, 240 per consumer warpgroup, 192 KB (hd128).
 HOPPER_CONFIGS = {
-    (64, False): dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, num_warps=4),
+    (64, False): ((2048, dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, num_warps=4)), ),
+    (128, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
+    (128, True): ((1024, dict(_WARP_SPECIALIZED, PERSISTENT=False)), ),
 }
-# Shorter key loops stay with flash_fwd's kernels (S = 1024: 375.5 vs 377 TFLOP/s).
-HOPPER_MIN_SEQLEN_K = 2048
 
 
 def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, programs_per_row_block: int,
                           num_sms: int):
-    """This kernel's config for a call, or None where flash_fwd's kernels measured faster: head dims and
-    masks without a HOPPER_CONFIGS entry, key loops under HOPPER_MIN_SEQLEN_K, grids under two waves."""
-    config = HOPPER_CONFIGS.get((head_dim, causal))
-    if config is None or seqlen_k < HOPPER_MIN_SEQLEN_K:
-        return None
-    if cdiv(seqlen_q, config["BLOCK_M"]) * programs_per_row_block < 2 * num_sms:
+    """This file's config for a call, or None where flash_fwd's kernels measured faster: head dims and masks
+    without a HOPPER_CONFIGS entry, key loops shorter than the entry's, grids under two waves."""
+    config = None
+    for min_seqlen_k, entry in HOPPER_CONFIGS.get((head_dim, causal), ()):
+        if seqlen_k >= min_seqlen_k:
+            config = entry
+    if config is None or cdiv(seqlen_q, config["BLOCK_M"]) * programs_per_row_block < 2 * num_sms:
         return None
     return dict(config)
 
