@@ -464,6 +464,18 @@ def test_torch_compile_fullgraph_small(device):
         assert torch.equal(compiled, eager), f"{name}: compiled differs from eager"
 
 
+def test_torch_compile_dynamic_head_dim(device):
+    """dynamic=True traces the head dim symbolically, and with it the default softmax scale 1 / sqrt(d)
+    (and automatic dynamic shapes do the same after a recompile for a second head dim): the option checks
+    must trace without a graph break. Two head dims through one compiled function, each equal to eager."""
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, causal=True), fullgraph=True, dynamic=True,
+                       backend="eager")
+    for headdim in (16, 32):
+        q, k, v = rand_qkv(1, 17, 17, 2, 2, headdim, dtype=F16, device=device)
+        assert torch.equal(fn(q, k, v), flash_attn_func(q, k, v, causal=True)), f"d={headdim}"
+
+
 # ----------------------------------------------------------------------------------------------------
 # Forward launch plan: head-dim split or padding, vector width, tile table
 # ----------------------------------------------------------------------------------------------------

@@ -140,12 +140,18 @@ def _check_qkv_shapes(q, k, v, *, varlen: bool):
                          "be a multiple of the number of key/value heads (MHA, GQA or MQA)")
 
 
+def _finite_number(x) -> bool:
+    # Comparisons, not math.isfinite: under torch.compile with dynamic shapes the default scale (from the
+    # head dim) and float arguments arrive symbolic, which math.isfinite cannot trace. NaN fails both.
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and -math.inf < x < math.inf
+
+
 def _check_options(q, *, batch: int, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes):
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p is {dropout_p}; supported: 0 <= dropout_p < 1")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
+    if not _finite_number(softmax_scale):
         raise ValueError(f"softmax_scale is {softmax_scale!r}; supported: a finite number or None")
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
             or not all(isinstance(w, int) and w >= -1 for w in window_size)):
@@ -153,7 +159,7 @@ def _check_options(q, *, batch: int, dropout_p, softmax_scale, causal, window_si
     window_left, window_right = window_size
     if causal:
         window_right = 0
-    if not isinstance(softcap, (int, float)) or softcap < 0 or not math.isfinite(softcap):
+    if not _finite_number(softcap) or softcap < 0:
         raise ValueError(f"softcap is {softcap!r}; supported: 0 (off) or a positive number")
     nheads_q = q.shape[-2]
     if alibi_slopes is not None:
