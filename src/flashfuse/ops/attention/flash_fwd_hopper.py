@@ -59,6 +59,7 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                   warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except ImportError:  # a triton without Gluon: the kernel below is never defined or used
     gluon = None
 
@@ -252,6 +253,12 @@ if gluon is not None:
     # own 64 query rows each; every program walks tiles t = pid, pid + nprog, ... of (row block, batch, head).
 
     @gluon.jit
+    def _tma_box(buf, desc):
+        """A [rows, HEAD_DIM] shared-memory tile seen as the descriptor's [1, rows, 1, HEAD_DIM] box: the unit
+        dims change nothing in memory (same swizzle), only the rank TMA addresses."""
+        return buf._reinterpret(buf.dtype, desc.block_type.shape, desc.layout)
+
+    @gluon.jit
     def _ws_tile(t, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT: gl.constexpr,
                  BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
         """Tile t -> (batch*head, first row, number of key blocks): the row blocks of one head side by side
@@ -271,64 +278,54 @@ if gluon is not None:
         return i_bh, m0, gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
 
     @gluon.jit
-    def _ws_producer(p_q, p_k, p_v, strides, smem, bars, shape, window_right, HAS_RIGHT: gl.constexpr,
-                     BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr,
-                     KV_SMEM: gl.constexpr):
+    def _ws_producer(descs, smem, bars, shape, window_right, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
         """One warp: per tile, Q into each consumer's slot once that consumer's last Q K^T of the previous
         tile is done, then K_j / V_j into ring slot c % NUM_STAGES (c counts key blocks over all tiles) once
         both consumers released it."""
-        stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h = strides
+        q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem, o_smem = smem
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
         nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_tiles = shape
         ROWS: gl.constexpr = BLOCK_M // 2
+        dtype: gl.constexpr = q_smem.dtype
         tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
         c = 0
         it = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             i_bh, m0, n_blocks = _ws_tile(t, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT,
                                           BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
-            i_b = (i_bh // nheads_q).to(gl.int64)
-            i_h = (i_bh % nheads_q).to(gl.int64)
+            i_b = i_bh // nheads_q
+            i_h = i_bh % nheads_q
             i_hk = i_h // group
-            # Both Q slots free (the previous tile's Q K^T are all done; the first tile passes), and the
-            # previous tile's last K / V landed: every load through the old descriptors is complete.
             for w in gl.static_range(2):
-                mbarrier.wait(q_empty.index(w), (it & 1) ^ 1)
-            if c > 0:
-                mbarrier.wait(k_ready.index((c - 1) % NUM_STAGES), ((c - 1) // NUM_STAGES) & 1)
-                mbarrier.wait(v_ready.index((c - 1) % NUM_STAGES), ((c - 1) // NUM_STAGES) & 1)
-            q_desc = tma.make_tensor_descriptor(p_q + i_b * stride_q_b + i_h * stride_q_h, [seqlen_q, HEAD_DIM],
-                                                [stride_q_s, 1], [ROWS, HEAD_DIM], Q_SMEM)
-            k_desc = tma.make_tensor_descriptor(p_k + i_b * stride_k_b + i_hk * stride_k_h, [seqlen_k, HEAD_DIM],
-                                                [stride_k_s, 1], [BLOCK_N, HEAD_DIM], KV_SMEM)
-            v_desc = tma.make_tensor_descriptor(p_v + i_b * stride_v_b + i_hk * stride_v_h, [seqlen_k, HEAD_DIM],
-                                                [stride_v_s, 1], [BLOCK_N, HEAD_DIM], KV_SMEM)
-            for w in gl.static_range(2):
+                mbarrier.wait(q_empty.index(w), (it & 1) ^ 1)     # the first tile passes: the slots start free
                 mbarrier.expect(q_ready.index(w), ROWS * HEAD_DIM * 2)
-                tma.async_copy_global_to_shared(q_desc, [m0 + w * ROWS, 0], q_ready.index(w), q_smem.index(w))
+                tma.async_copy_global_to_shared(q_desc, [i_b, m0 + w * ROWS, i_h, 0], q_ready.index(w),
+                                                _tma_box(q_smem.index(w), q_desc))
             for j in range(n_blocks):
                 slot = (c + j) % NUM_STAGES
                 free_parity = (((c + j) // NUM_STAGES) & 1) ^ 1
                 mbarrier.wait(k_empty.index(slot), free_parity)
                 mbarrier.expect(k_ready.index(slot), tile_bytes)
-                tma.async_copy_global_to_shared(k_desc, [j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+                tma.async_copy_global_to_shared(k_desc, [i_b, j * BLOCK_N, i_hk, 0], k_ready.index(slot),
+                                                _tma_box(k_smem.index(slot), k_desc))
                 mbarrier.wait(v_empty.index(slot), free_parity)
                 mbarrier.expect(v_ready.index(slot), tile_bytes)
-                tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+                tma.async_copy_global_to_shared(v_desc, [i_b, j * BLOCK_N, i_hk, 0], v_ready.index(slot),
+                                                _tma_box(v_smem.index(slot), v_desc))
             c += n_blocks
             it += 1
 
     @gluon.jit
-    def _ws_consumer(p_o, p_lse, strides, smem, bars, shape, window_right, qk_scale, WG: gl.constexpr,
-                     HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, O_SMEM: gl.constexpr):
+    def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale,
+                     WG: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
         """One warpgroup, rows [m0 + WG * BLOCK_M / 2, +BLOCK_M / 2) of each tile: the schedule of the kernel
         above (S_j issued beside P_{j-1} V_{j-1}), releasing K / V slots and its Q slot through mbarriers
         instead of CTA-wide barriers, so the two warpgroups drift apart and take turns on the tensor cores.
         O leaves through its own shared-memory slot by TMA while the next tile starts."""
-        stride_o_b, stride_o_s, stride_o_h, stride_lse_b, stride_lse_h = strides
+        q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem, o_smem = smem
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
         nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_tiles = shape
@@ -389,44 +386,41 @@ if gluon is not None:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
             mbarrier.arrive(v_empty.index(last % NUM_STAGES), count=1)
 
-            i_b = (i_bh // nheads_q).to(gl.int64)
-            i_h = (i_bh % nheads_q).to(gl.int64)
+            i_b = i_bh // nheads_q
+            i_h = i_bh % nheads_q
             empty = l_i == 0.0
             l_safe = gl.where(empty, 1.0, l_i)
             lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / _LOG2E)
             rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-            gl.store(p_lse + i_b * stride_lse_b + i_h * stride_lse_h + rows, lse, mask=rows < seqlen_q)
+            gl.store(p_lse + i_b.to(gl.int64) * stride_lse_b + i_h.to(gl.int64) * stride_lse_h + rows, lse,
+                     mask=rows < seqlen_q)
             out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
-            tma.store_wait(pendings=0)       # the previous tile's O has left o_buf (and its descriptor)
-            o_desc = tma.make_tensor_descriptor(p_o + i_b * stride_o_b + i_h * stride_o_h, [seqlen_q, HEAD_DIM],
-                                                [stride_o_s, 1], [ROWS, HEAD_DIM], O_SMEM)
+            tma.store_wait(pendings=0)       # the previous tile's O has left o_buf
             o_buf.store(out.to(dtype))
             fence_async_shared()
             gl.thread_barrier()
-            tma.async_copy_shared_to_global(o_desc, [row0, 0], o_buf)          # rows past seqlen_q dropped
+            tma.async_copy_shared_to_global(o_desc, [i_b, row0, i_h, 0], _tma_box(o_buf, o_desc))  # rows past seqlen_q dropped
             c += n_blocks
             it += 1
         tma.store_wait(pendings=0)
 
     @gluon.jit
     def _flash_fwd_hopper_ws_kernel(
-        p_q, p_k, p_v, p_o, p_lse,
-        stride_q_b, stride_q_s, stride_q_h,
-        stride_k_b, stride_k_s, stride_k_h,
-        stride_v_b, stride_v_s, stride_v_h,
-        stride_o_b, stride_o_s, stride_o_h,
-        stride_lse_b, stride_lse_h,
+        q_desc, k_desc, v_desc, o_desc, p_lse, stride_lse_b, stride_lse_h,
         nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_right, n_tiles,
         HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
         Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     ):
-        # Same tensors as _flash_fwd_hopper_kernel. Grid (min(n_tiles, programs),): n_tiles = cdiv(seqlen_q,
-        # BLOCK_M) * batch * nheads_q. num_warps = 4 is the first consumer warpgroup (the default partition);
-        # the second consumer warpgroup and the producer warp are the workers.
+        # Host-side TMA descriptors over q, o [batch, seqlen_q, nheads_q, HEAD_DIM] (boxes [1, BLOCK_M / 2, 1,
+        # HEAD_DIM]) and k, v [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]): rows past
+        # a sequence's end are zero-filled on loads and dropped on stores. lse [batch, nheads_q, seqlen_q] fp32.
+        # Grid (min(n_tiles, programs),): n_tiles = cdiv(seqlen_q, BLOCK_M) * batch * nheads_q. num_warps = 4 is
+        # the first consumer warpgroup (the default partition); the second consumer and the producer warp are
+        # the workers.
         gl.static_assert(num_warps == 4)
         gl.static_assert(BLOCK_M == 128)
-        dtype: gl.constexpr = p_q.dtype.element_ty
+        dtype: gl.constexpr = q_desc.dtype
         ROWS: gl.constexpr = BLOCK_M // 2
         q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], Q_SMEM)
         o_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], Q_SMEM)
@@ -447,19 +441,17 @@ if gluon is not None:
             mbarrier.init(k_empty.index(i), count=2)           # one arrival per consumer warpgroup
             mbarrier.init(v_empty.index(i), count=2)
 
+        descs = (q_desc, k_desc, v_desc, o_desc)
         smem = (q_smem, k_smem, v_smem, o_smem)
         bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
         shape = (nheads_q, group, seqlen_q, seqlen_k, gl.cdiv(seqlen_q, BLOCK_M), n_tiles)
-        o_strides = (stride_o_b, stride_o_s, stride_o_h, stride_lse_b, stride_lse_h)
-        in_strides = (stride_q_b, stride_q_s, stride_q_h, stride_k_b, stride_k_s, stride_k_h,
-                      stride_v_b, stride_v_s, stride_v_h)
         gl.warp_specialize([
-            (_ws_consumer, (p_o, p_lse, o_strides, smem, bars, shape, window_right, qk_scale, 0, HAS_RIGHT,
-                            BOTTOM_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_SMEM)),
-            (_ws_consumer, (p_o, p_lse, o_strides, smem, bars, shape, window_right, qk_scale, 1, HAS_RIGHT,
-                            BOTTOM_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_SMEM)),
-            (_ws_producer, (p_q, p_k, p_v, in_strides, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT,
-                            BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_SMEM, KV_SMEM)),
+            (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 0,
+                            HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+            (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 1,
+                            HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+            (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M, BLOCK_N,
+                            HEAD_DIM, NUM_STAGES)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 _WARP_SPECIALIZED = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, num_warps=4, WARP_SPECIALIZED=True, CONSUMER_REGS=240)
@@ -503,20 +495,33 @@ def _smem_layout(block_shape, dtype):
 def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
                    nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config):
     """Launch on validated inputs (flash_fwd's fast-path checks, TMA alignment included)."""
-    ensure_tma_allocator()
     head_dim = q.shape[-1]
     cfg = dict(config)
     block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
-    common = (q, k, v, out, lse, *q_strides[:3], *k_strides[:3], *v_strides[:3], *o_strides[:3], *lse_strides,
-              nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, qk_scale, window_right)
     consts = dict(HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_M=block_m, BLOCK_N=block_n,
                   HEAD_DIM=head_dim, KV_SMEM=_smem_layout([block_n, head_dim], q.dtype))
     if cfg.pop("WARP_SPECIALIZED", False):
-        n_tiles = cdiv(seqlen_q, block_m) * q.shape[0] * nheads_q
+        batch, rows = q.shape[0], block_m // 2
+        n_tiles = cdiv(seqlen_q, block_m) * batch * nheads_q
         programs = min(n_tiles, sm_count(q.device)) if cfg.pop("PERSISTENT") else n_tiles
-        _flash_fwd_hopper_ws_kernel[(programs, )](*common, n_tiles, Q_SMEM=_smem_layout([block_m // 2, head_dim], q.dtype),
-                                                  **consts, **cfg)
+        # The kernel reads each [1, box, 1, head_dim] TMA box as a [box, head_dim] tile (_tma_box): the two
+        # layouts must swizzle alike.
+        assert all(_smem_layout([1, box, 1, head_dim], q.dtype).swizzle_byte_width
+                   == _smem_layout([box, head_dim], q.dtype).swizzle_byte_width for box in (rows, block_n))
+        descs = [TensorDescriptor(t, [batch, seqlen, heads, head_dim], list(strides), [1, box, 1, head_dim],
+                                  _smem_layout([1, box, 1, head_dim], q.dtype))
+                 for t, seqlen, heads, strides, box in ((q, seqlen_q, nheads_q, q_strides, rows),
+                                                        (k, seqlen_k, nheads_k, k_strides, block_n),
+                                                        (v, seqlen_k, nheads_k, v_strides, block_n),
+                                                        (out, seqlen_q, nheads_q, o_strides, rows))]
+        _flash_fwd_hopper_ws_kernel[(programs, )](
+            *descs, lse, *lse_strides, nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, qk_scale, window_right,
+            n_tiles, Q_SMEM=_smem_layout([rows, head_dim], q.dtype), **consts, **cfg)
     else:
+        ensure_tma_allocator()          # device-side descriptors
         grid = (cdiv(seqlen_q, block_m), q.shape[0] * nheads_q)
-        _flash_fwd_hopper_kernel[grid](*common, Q_SMEM=_smem_layout([block_m, head_dim], q.dtype), **consts, **cfg)
+        _flash_fwd_hopper_kernel[grid](
+            q, k, v, out, lse, *q_strides[:3], *k_strides[:3], *v_strides[:3], *o_strides[:3], *lse_strides,
+            nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, qk_scale, window_right,
+            Q_SMEM=_smem_layout([block_m, head_dim], q.dtype), **consts, **cfg)
     return out, lse
