@@ -462,16 +462,17 @@ _WARP_SPECIALIZED = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, num_warps=4, WA
 # - hd64 without a mask, one warpgroup on 64 x 128 tiles (two programs per SM), from S = 2048 (S = 1024: 375.5
 #   vs 377 TFLOP/s): 424 / 449 / 463 / 466 TFLOP/s at S = 2048..16384 vs 403 / 416 / 419 / 422 (cuDNN 451 / 465
 #   / 467 / 467). The warp-specialized kernel measured slower at hd64 (e.g. 400 vs 427 at S = 2048).
-# - hd128 without a mask, warp-specialized and persistent: 389 / 496 / 557 / 597 / 614 / 622 TFLOP/s at
-#   S = 512..16384 vs 294 / 384 / 473 / 505 / 525 / 544 (cuDNN 509 / 567 / 596 / 623 / 622 / 611).
-# - hd128 causal, warp-specialized, one tile per program (heaviest first; persistent measured slower from
-#   S = 2048 on, 375-549 vs 410-607): 298 / 410 / 503 / 555 / 607 at S = 1024..16384 vs 287 / 368 / 443 / 492 /
-#   542 (cuDNN 428 / 490 / 531 / 554 / 559). S = 512: 166 vs 212, so from 1024.
+# - hd128 without a mask, warp-specialized and persistent: 466 / 542 / 581 / 588 / 594 / 599 TFLOP/s at
+#   S = 512..16384 (one tile per program: 405 / 490 / 548 / 585 / 604 / 612) vs the Triton kernel's 294 / 384 /
+#   473 / 505 / 525 / 544 (cuDNN 499 / 564 / 585 / 609 / 606 / 615).
+# - hd128 causal, warp-specialized, one tile per program, heaviest first: 248 / 364 / 461 / 530 / 571 / 613 at
+#   S = 512..16384 vs 212 / 287 / 368 / 443 / 492 / 542 (cuDNN 331 / 417 / 489 / 522 / 536 / 560). Persistent
+#   measured slower from S = 4096 (437 vs 613 at 16384: the static round-robin balances causal tiles badly).
 # ptxas: 187 registers, 74 KB of shared memory (hd64); 168 at launch, 240 per consumer warpgroup, 192 KB (hd128).
 HOPPER_CONFIGS = {
     (64, False): ((2048, dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, num_warps=4)), ),
     (128, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
-    (128, True): ((1024, dict(_WARP_SPECIALIZED, PERSISTENT=False)), ),
+    (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=False)), ),
 }
 
 
@@ -508,6 +509,10 @@ def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_stri
         # layouts must swizzle alike.
         assert all(_smem_layout([1, box, 1, head_dim], q.dtype).swizzle_byte_width
                    == _smem_layout([box, head_dim], q.dtype).swizzle_byte_width for box in (rows, block_n))
+        # triton encodes host-side descriptors before its launcher binds the CUDA context to the calling
+        # thread, and a new thread has none yet ("invalid device context"): any CUDA runtime call binds it,
+        # and this one is also legal while a CUDA graph is being captured.
+        torch.cuda.is_current_stream_capturing()
         descs = [TensorDescriptor(t, [batch, seqlen, heads, head_dim], list(strides), [1, box, 1, head_dim],
                                   _smem_layout([1, box, 1, head_dim], q.dtype))
                  for t, seqlen, heads, strides, box in ((q, seqlen_q, nheads_q, q_strides, rows),
