@@ -443,12 +443,14 @@ def test_fast_forward_table_gpu(monkeypatch, causal):
 
 @pytest.mark.parametrize("headdim, causal, gluon", [(128, True, False), (64, False, True), (128, False, True),
                                                     (128, True, True)],
-                         ids=["triton-hd128-causal", "gluon-hd64", "gluon-ws-persistent-hd128", "gluon-ws-hd128-causal"])
+                         ids=["triton-hd128-causal", "gluon-persistent-hd64", "gluon-persistent-hd128",
+                              "gluon-hd128-causal"])
 def test_fast_forward_graph_compile_thread_gpu(monkeypatch, headdim, causal, gluon):
     """The fast kernels' device-side descriptors need triton's allocator: under CUDA-graph capture and
     replay, torch.compile(fullgraph=True), and in a new thread (the allocator is a context variable).
-    The Triton fast kernel (Gluon switched off), and flash_fwd_hopper's kernels where HOPPER_CONFIGS sends
-    these shapes: hd64 without a mask, the warp-specialized hd128 (persistent without a mask)."""
+    The Triton fast kernel (Gluon switched off), and flash_fwd_hopper's kernel where HOPPER_CONFIGS sends
+    these shapes (persistent without a mask, one tile per program causal); its host-side descriptors are
+    encoded in the new thread too."""
     import threading
 
     monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
@@ -493,23 +495,18 @@ def _require_gluon():
                     f"(here sm_{''.join(map(str, torch.cuda.get_device_capability()))}, triton {triton.__version__})")
 
 
-def _hopper(bm, bn, stages, warps, **ws):
-    return dict(BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages, num_warps=warps, **ws)
+def _hopper(persistent, bn=128, stages=2):
+    return dict(BLOCK_M=128, BLOCK_N=bn, NUM_STAGES=stages, num_warps=4, CONSUMER_REGS=240, PERSISTENT=persistent)
 
 
 def _hopper_id(headdim, config):
-    ws = "-ws-persistent" if config.get("PERSISTENT") else "-ws" if config.get("WARP_SPECIALIZED") else ""
-    return "d{}-{BLOCK_M}x{BLOCK_N}-s{NUM_STAGES}-w{num_warps}".format(headdim, **config) + ws
+    return "d{}-{BLOCK_M}x{BLOCK_N}-s{NUM_STAGES}".format(headdim, **config) + ("-persistent" * config["PERSISTENT"])
 
 
-# (head dim, config): HOPPER_CONFIGS's entries, then the alternatives measured in sessions 14-15 (causal, hd128
-# with 8 warps; the warp-specialized kernel at hd64).
-_WS = dict(WARP_SPECIALIZED=True, CONSUMER_REGS=240)
-HOPPER_GPU_CONFIGS = [(64, _hopper(64, 128, 2, 4)), (128, _hopper(128, 128, 2, 4, **_WS, PERSISTENT=True)),
-                      (128, _hopper(128, 128, 2, 4, **_WS, PERSISTENT=False)),
-                      (64, _hopper(128, 128, 2, 4, **_WS, PERSISTENT=True)),
-                      (128, _hopper(128, 128, 2, 8)), (128, _hopper(128, 128, 3, 8)),
-                      (64, _hopper(128, 64, 3, 8)), (128, _hopper(64, 64, 2, 4))]
+# (head dim, config): HOPPER_CONFIGS's kinds (persistent or one tile per program) at both head dims, then
+# alternatives measured in session 15 (128 x 64 key tiles with 4 stages, 3 stages at hd64).
+HOPPER_GPU_CONFIGS = [(64, _hopper(True)), (64, _hopper(False)), (128, _hopper(True)), (128, _hopper(False)),
+                      (128, _hopper(True, bn=64, stages=4)), (64, _hopper(False, stages=3))]
 HOPPER_GPU_SHAPES = FAST_GPU_SHAPES + [(BF16, (1, 77), MHA, {}), (F16, (300, 100), GQA, {"causal": True})]
 HOPPER_GPU_CASES = [(d, cfg, *shape) for d, cfg in HOPPER_GPU_CONFIGS for shape in HOPPER_GPU_SHAPES]
 

@@ -120,21 +120,21 @@ def test_tma_allocator_set_once():
 
 
 def test_hopper_forward_plan():
-    """flash_fwd_hopper's Gluon kernels: never in the interpreter (Gluon has none), and on the GPU only where
-    its table says they measured faster: head dim 64 without a mask from 2048 keys, head dim 128 (warp-
-    specialized from 512 keys; persistent without a mask, one tile per program causal), grids of
-    two waves or more. The kernels run in the GPU tier (test_flash_attn_gpu.py)."""
+    """flash_fwd_hopper's Gluon kernel: never in the interpreter (Gluon has none), and on the GPU only where
+    its table says it measured faster: head dims 64 and 128, persistent without a mask (from 1024 / 512 keys),
+    one tile per program causal (from 4096 / 512), grids of two waves or more. The kernel runs in the GPU
+    tier (test_flash_attn_gpu.py)."""
     from flashfuse.ops.attention import flash_fwd_hopper as hopper
 
     assert not hopper.available(torch.device("cpu"))
-    config = hopper.hopper_forward_config(64, False, 2048, 2048, 16 * 16, 132)
+    config = hopper.hopper_forward_config(64, False, 1024, 1024, 16 * 32, 132)
     assert config == hopper.HOPPER_CONFIGS[(64, False)][0][1] and config is not hopper.HOPPER_CONFIGS[(64, False)][0][1]
-    assert not config.get("WARP_SPECIALIZED")
+    assert config["PERSISTENT"]
     assert hopper.hopper_forward_config(128, False, 512, 512, 32 * 16, 132)["PERSISTENT"]
-    causal = hopper.hopper_forward_config(128, True, 512, 512, 32 * 16, 132)
-    assert causal["WARP_SPECIALIZED"] and not causal["PERSISTENT"]
-    assert hopper.hopper_forward_config(64, True, 4096, 4096, 16 * 16, 132) is None       # hd64 causal: Triton's
+    assert not hopper.hopper_forward_config(128, True, 512, 512, 32 * 16, 132)["PERSISTENT"]
+    assert not hopper.hopper_forward_config(64, True, 4096, 4096, 4 * 32, 132)["PERSISTENT"]
+    assert hopper.hopper_forward_config(64, True, 2048, 2048, 8 * 32, 132) is None        # short causal loop
     assert hopper.hopper_forward_config(96, False, 4096, 4096, 16 * 16, 132) is None      # no entry
-    assert hopper.hopper_forward_config(64, False, 2048, 1024, 16 * 16, 132) is None      # short key loop
+    assert hopper.hopper_forward_config(64, False, 1024, 512, 16 * 32, 132) is None       # short key loop
     assert hopper.hopper_forward_config(128, True, 256, 256, 64 * 16, 132) is None        # short key loop
     assert hopper.hopper_forward_config(64, False, 2048, 2048, 4, 132) is None            # under two waves

@@ -9,18 +9,21 @@ import flashfuse.ops.attention.flash_fwd_hopper as H
 TARGET = GPUTarget("cuda", 90, 32)
 
 def compile_ws(head_dim, causal, pp=False, bm=128, bn=128, stages=2, regs=240, maxnreg=None, dump=None, dtype=torch.bfloat16):
-    fn = H._flash_fwd_hopper_ws_kernel
+    fn = H._flash_fwd_hopper_kernel
     const = dict(HAS_RIGHT=causal, BOTTOM_RIGHT=True, BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=head_dim, NUM_STAGES=stages,
                  Q_SMEM=H._smem_layout([bm // 2, head_dim], dtype), KV_SMEM=H._smem_layout([bn, head_dim], dtype),
                  CONSUMER_REGS=regs, num_warps=4)
     sig = {}
     for p in fn.params:
         if p.is_constexpr: sig[p.name] = "constexpr"
-        elif p.name.startswith("p_lse"): sig[p.name] = "*fp32"
-        elif p.name.startswith("p_"): sig[p.name] = "*bf16"
+        elif p.name.endswith("_desc"):
+            box = bm // 2 if p.name[0] in "qo" else bn
+            lay = H._smem_layout([1, box, 1, head_dim], dtype)
+            sig[p.name] = f"tensordesc<bf16[1,{box},1,{head_dim}],{lay!r}>"
+        elif p.name == "p_lse": sig[p.name] = "*fp32"
         elif p.name == "qk_scale": sig[p.name] = "fp32"
         else: sig[p.name] = "i32"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if p.name.startswith("p_")}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if p.name == "p_lse"}
     opts = dict(num_warps=4)
     if maxnreg: opts["maxnreg"] = maxnreg
     t = time.time()

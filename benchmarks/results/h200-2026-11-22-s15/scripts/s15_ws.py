@@ -1,4 +1,4 @@
-"""Session 15: warp-specialized persistent Gluon forward (producer warp + two consumer warpgroups) - correctness, then configs vs flashfuse and cuDNN."""
+"""Session 15 (call 5: host-side 4-D TMA descriptors): warp-specialized persistent Gluon forward (producer warp + two consumer warpgroups) - correctness, then configs vs flashfuse and cuDNN."""
 import json, math, os, sys, time
 import torch, triton
 import torch.nn.functional as F
@@ -48,6 +48,7 @@ def W(persistent, regs=240):
     return dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, num_warps=4, WARP_SPECIALIZED=True, PERSISTENT=persistent,
                 CONSUMER_REGS=regs)
 CFG_BY_D = {128: {"ws": W(False), "ws-persist": W(True)}, 64: {"ws": W(False), "ws-persist": W(True)}}
+DIMS = tuple(int(d) for d in os.environ.get("DIMS", "128").split(","))
 
 # 1. correctness (bf16): error vs fp32 reference, compared with the reference computed in bf16 (flash-attn's rule)
 torch.manual_seed(0)
@@ -55,7 +56,7 @@ bad = 0
 shapes = [(2, 113, 203, 4, 2), (1, 1023, 1024, 4, 4), (1, 1024, 1023, 2, 1), (2, 2048, 2048, 4, 2), (1, 300, 100, 2, 2),
           (1, 4096, 4096, 2, 2), (1, 1, 77, 2, 2), (2, 777, 1500, 4, 1), (4, 2048, 2048, 8, 2), (3, 1000, 1500, 8, 4),
           (8, 777, 777, 6, 3), (2, 1500, 700, 16, 16)]
-for D in (64, 128):
+for D in DIMS:
     for name, cfg in CFG_BY_D[D].items():
         for causal in (False, True):
             for (B, Sq, Sk, Hq, Hk) in shapes:
@@ -86,7 +87,7 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100)
 
 rows = []
-for D in (128, 64):
+for D in DIMS:
     for causal in (False, True):
         for S in (512, 1024, 2048, 4096, 8192, 16384):
             CFGS = CFG_BY_D[D]

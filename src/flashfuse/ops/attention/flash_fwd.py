@@ -23,9 +23,9 @@ vectorized, pipelined loads. See forward_config for the tile table and benchmark
 
 Long sequences without the rarer features take a second kernel (_flash_fwd_fast_kernel, FAST_FORWARD) at
 head dim 128: tensor-descriptor (TMA) tiles; see its comment block and benchmarks/tune_flash_fwd.py. On
-Hopper with triton 3.6, head dim 128 and head dim 64 without a mask go to Gluon kernels instead
-(flash_fwd_hopper.py: asynchronous wgmma, the softmax beside the P V product; at head dim 128 a producer
-warp and two consumer warpgroups).
+Hopper with triton 3.6, head dims 64 and 128 go to a warp-specialized Gluon kernel instead where its table
+says (flash_fwd_hopper.py: a producer warp and two consumer warpgroups, asynchronous wgmma, the softmax
+beside the P V product).
 """
 
 from __future__ import annotations
@@ -418,7 +418,7 @@ def forward_config(width: int, dtype: torch.dtype, windowed: bool, has_bias: boo
 
 # The fast path (_flash_fwd_fast_kernel) for long sequences; False: the kernel above everywhere.
 FAST_FORWARD = True
-# Within it, flash_fwd_hopper's Gluon kernels where they measured faster (sm_90, triton 3.6); False: never.
+# Within it, flash_fwd_hopper's Gluon kernel where it measured faster (sm_90, triton 3.6); False: never.
 GLUON_FORWARD = True
 # Key loops at least this long take it, per causal flag. Measured (H200, bf16, 16384 tokens,
 # benchmarks/tune_flash_fwd.py): hd128 at S = 4096 / 8192 508 / 532 TFLOP/s vs 472 / 490 (causal 428 / 484 vs

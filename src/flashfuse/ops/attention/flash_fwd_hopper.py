@@ -1,11 +1,12 @@
-"""FlashAttention forward for Hopper in Gluon: the softmax of one key block overlaps the P V product
-of the previous one (FlashAttention-3's intra-warpgroup pipelining).
+"""FlashAttention forward for Hopper in Gluon, warp-specialized (FlashAttention-3's scheme): a producer
+warp streams Q, K and V by TMA; two consumer warpgroups own 64 query rows each, and within each the softmax
+of one key block overlaps the P V product of the previous one.
 
 The math is flash_fwd's online softmax (see its docstring; scores in the log2 domain, rows with no
 visible key store O = 0 and lse = +inf). What Triton's ``tl.dot`` cannot express is the schedule:
 its wgmma waits right after the Q K^T issue, so the exponentials and the tensor cores take turns
-(benchmarks/NOTES.md, session 11). Gluon exposes the asynchronous wgmma and its wait, so each key
-block j runs
+(benchmarks/NOTES.md, session 11). Gluon exposes the asynchronous wgmma and its wait, so each consumer
+warpgroup runs, per key block j,
 
     issue  S_j  = Q K_j^T                     (wgmma, async)
     issue  acc += P_{j-1} V_{j-1}             (wgmma, async; P_{j-1} in registers)
@@ -13,26 +14,19 @@ block j runs
     softmax(S_j) -> P_j, alpha_j = exp2(m_{j-1} - m_j), l_j
     wait   for P_{j-1} V_{j-1};  acc *= alpha_j
 
-K and V tiles stream through NUM_STAGES shared-memory slots filled by TMA (mbarrier per slot): a K
-slot is refilled as soon as its Q K^T is done, a V slot once its P V is done.
+K and V tiles stream through NUM_STAGES shared-memory slots: the producer fills a slot once both consumers
+released it (mbarriers, one arrival per warpgroup), so the warpgroups are never held in lockstep by a
+CTA-wide barrier; they drift apart, one's softmax running beside the other's matrix products. Registers
+move to the consumers (240 each, 24 for the producer). Optionally persistent: one program per SM walks the
+tiles, the producer loading the next tile's Q / K / V while the consumers finish the last one, O leaving
+through its own shared-memory slot. The descriptors are host-side 4-D ([batch, seqlen, heads, head dim]),
+so no tile builds one.
 
-Two kernels run this schedule:
-
-- ``_flash_fwd_hopper_kernel``: every warp does everything. At head dim 64, one warpgroup on 64 x 128
-  tiles (two programs per SM) measured 5-11% faster than flash_fwd's Triton kernels (H200, session 14).
-  With two warpgroups on 128-row tiles (head dim 128) it lost: the warpgroups share K / V slots, so each
-  refill takes a CTA-wide barrier and they run in lockstep, both on the softmax at once; and ptxas moves
-  the P V wait above the exponentials (the new P takes the registers of the old one).
-- ``_flash_fwd_hopper_ws_kernel`` (FlashAttention-3's warp specialization): a producer warp streams Q,
-  K and V by TMA; two consumer warpgroups own 64 query rows each and run the schedule above, releasing
-  slots through mbarriers (one arrival per warpgroup) instead of CTA-wide barriers. The warpgroups
-  drift apart, one's softmax running beside the other's matrix products, and the registers move to the
-  consumers (240 each, 24 for the producer). Optionally persistent: one program per SM walks the tiles,
-  the producer loading the next tile while the consumers finish the last one, O leaving through its own
-  shared-memory slot. At head dim 128 this measured 1.0-1.3x the Triton kernels and 0.77-1.05x cuDNN
-  (session 15); an explicit ping-pong between the warpgroups (mbarrier turns) measured no faster.
-
-HOPPER_CONFIGS says where each one is used.
+Measured on an H200 (benchmarks/NOTES.md, sessions 14-15): on par with cuDNN from about 2048 keys at head
+dim 128 and 64 (causal: 4096), 1.1-1.6x flash_fwd's Triton kernels. HOPPER_CONFIGS says where it is used.
+Tried and dropped: one warpgroup per 64-row tile with every warp doing everything (session 14, faster than
+Triton at hd64 only; with two warpgroups sharing K / V slots they ran in lockstep), an explicit ping-pong
+between the consumers (no gain), persistent causal (the static round-robin balances causal tiles badly).
 
 Scope: the common case only, as flash_fwd's fast kernel: 16-bit inputs, no dropout / ALiBi / softcap /
 bias / left window / varlen; a right window (causal) and GQA are in. Gluon is triton's lower-level
@@ -49,7 +43,7 @@ import torch
 import triton
 
 from ..._env import INTERPRET
-from .._triton import cdiv, ensure_tma_allocator, sm_count
+from .._triton import cdiv, sm_count
 
 # The triton release this file's Gluon code is written and GPU-tested against.
 GLUON_TRITON = "3.6."
@@ -102,155 +96,6 @@ if gluon is not None:
         alpha = gl.exp2(m_i - m_safe)
         l_new = l_i * alpha + gl.sum(p, axis=1)
         return p, alpha, m_new, l_new
-
-    @gluon.jit
-    def _flash_fwd_hopper_kernel(
-        p_q, p_k, p_v, p_o, p_lse,
-        stride_q_b, stride_q_s, stride_q_h,
-        stride_k_b, stride_k_s, stride_k_h,
-        stride_v_b, stride_v_s, stride_v_h,
-        stride_o_b, stride_o_s, stride_o_h,
-        stride_lse_b, stride_lse_h,
-        nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_right,
-        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-        Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, num_warps: gl.constexpr,
-    ):
-        # q, o: [batch, seqlen_q, nheads_q, HEAD_DIM]; k, v: [batch, seqlen_k, nheads_k, HEAD_DIM]; lse:
-        # [batch, nheads_q, seqlen_q] fp32. Grid (cdiv(seqlen_q, BLOCK_M), batch * nheads_q), heaviest
-        # (causal: last) row blocks first. The launcher checked TMA's 16-byte alignment of bases and strides.
-        dtype: gl.constexpr = p_q.dtype.element_ty
-        # wgmma accumulators: warps stacked along rows (16 rows each), one instruction spans all columns.
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-
-        i_m = gl.num_programs(0) - 1 - gl.program_id(0)
-        i_bh = gl.program_id(1)
-        i_b = (i_bh // nheads_q).to(gl.int64)
-        i_h = (i_bh % nheads_q).to(gl.int64)
-        i_hk = i_h // group
-        m0 = i_m * BLOCK_M
-        # One [seqlen, HEAD_DIM] matrix per (batch, head): TMA zero-fills rows past seqlen on loads and
-        # drops them on stores.
-        q_desc = tma.make_tensor_descriptor(p_q + i_b * stride_q_b + i_h * stride_q_h, [seqlen_q, HEAD_DIM],
-                                            [stride_q_s, 1], [BLOCK_M, HEAD_DIM], Q_SMEM)
-        k_desc = tma.make_tensor_descriptor(p_k + i_b * stride_k_b + i_hk * stride_k_h, [seqlen_k, HEAD_DIM],
-                                            [stride_k_s, 1], [BLOCK_N, HEAD_DIM], KV_SMEM)
-        v_desc = tma.make_tensor_descriptor(p_v + i_b * stride_v_b + i_hk * stride_v_h, [seqlen_k, HEAD_DIM],
-                                            [stride_v_s, 1], [BLOCK_N, HEAD_DIM], KV_SMEM)
-        o_desc = tma.make_tensor_descriptor(p_o + i_b * stride_o_b + i_h * stride_o_h, [seqlen_q, HEAD_DIM],
-                                            [stride_o_s, 1], [BLOCK_M, HEAD_DIM], Q_SMEM)
-
-        # Key range: [0, hi) is visible to some row of the block; [0, full_end) to every row.
-        hi = seqlen_k
-        full_end = seqlen_k
-        if HAS_RIGHT:
-            off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
-            last_row = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
-            hi = gl.maximum(gl.minimum(last_row + off + window_right + 1, seqlen_k), 0)
-            full_end = gl.minimum(m0 + off + window_right + 1, seqlen_k)
-        # A block whose rows see no key still runs block 0, fully masked: O = 0, lse = +inf.
-        n_blocks = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
-
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)       # Q, then O
-        k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
-        v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        k_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        v_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        for i in gl.static_range(NUM_STAGES):
-            mbarrier.init(k_bars.index(i), count=1)
-            mbarrier.init(v_bars.index(i), count=1)
-
-        tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
-        mbarrier.expect(q_bar, BLOCK_M * HEAD_DIM * 2)
-        tma.async_copy_global_to_shared(q_desc, [m0, 0], q_bar, q_smem)
-        for i in gl.static_range(NUM_STAGES):
-            mbarrier.expect(k_bars.index(i), tile_bytes, pred=i < n_blocks)
-            tma.async_copy_global_to_shared(k_desc, [i * BLOCK_N, 0], k_bars.index(i), k_smem.index(i),
-                                            pred=i < n_blocks)
-            mbarrier.expect(v_bars.index(i), tile_bytes, pred=i < n_blocks)
-            tma.async_copy_global_to_shared(v_desc, [i * BLOCK_N, 0], v_bars.index(i), v_smem.index(i),
-                                            pred=i < n_blocks)
-
-        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-        l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-
-        # Block 0: S_0 and its softmax.
-        mbarrier.wait(q_bar, 0)
-        mbarrier.wait(k_bars.index(0), 0)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
-        if num_warps > 4:
-            gl.thread_barrier()            # every warpgroup is done with K slot 0
-        mbarrier.expect(k_bars.index(0), tile_bytes, pred=NUM_STAGES < n_blocks)
-        tma.async_copy_global_to_shared(k_desc, [NUM_STAGES * BLOCK_N, 0], k_bars.index(0), k_smem.index(0),
-                                        pred=NUM_STAGES < n_blocks)
-        p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, 0, m0, seqlen_q, seqlen_k, full_end, window_right,
-                                            qk_scale, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M, BLOCK_N, s_layout)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)       # P_0 as wgmma's register operand
-
-        for j in range(1, n_blocks):
-            slot = j % NUM_STAGES
-            prev = (j - 1) % NUM_STAGES
-            mbarrier.wait(k_bars.index(slot), (j // NUM_STAGES) & 1)
-            s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
-                                  is_async=True)
-            mbarrier.wait(v_bars.index(prev), ((j - 1) // NUM_STAGES) & 1)
-            acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))          # S_j done; P V still running
-            if num_warps > 4:
-                gl.thread_barrier()
-            refill_k = j + NUM_STAGES < n_blocks
-            mbarrier.expect(k_bars.index(slot), tile_bytes, pred=refill_k)
-            tma.async_copy_global_to_shared(k_desc, [(j + NUM_STAGES) * BLOCK_N, 0], k_bars.index(slot),
-                                            k_smem.index(slot), pred=refill_k)
-            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j, m0, seqlen_q, seqlen_k, full_end, window_right,
-                                                qk_scale, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M, BLOCK_N, s_layout)
-            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
-            if num_warps > 4:
-                gl.thread_barrier()
-            refill_v = j - 1 + NUM_STAGES < n_blocks
-            mbarrier.expect(v_bars.index(prev), tile_bytes, pred=refill_v)
-            tma.async_copy_global_to_shared(v_desc, [(j - 1 + NUM_STAGES) * BLOCK_N, 0], v_bars.index(prev),
-                                            v_smem.index(prev), pred=refill_v)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-
-        last = n_blocks - 1
-        mbarrier.wait(v_bars.index(last % NUM_STAGES), (last // NUM_STAGES) & 1)
-        acc_tok = warpgroup_mma(p_op, v_smem.index(last % NUM_STAGES), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
-
-        mbarrier.invalidate(q_bar)
-        for i in gl.static_range(NUM_STAGES):
-            mbarrier.invalidate(k_bars.index(i))
-            mbarrier.invalidate(v_bars.index(i))
-
-        empty = l_i == 0.0
-        l_safe = gl.where(empty, 1.0, l_i)
-        lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / _LOG2E)
-        rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        gl.store(p_lse + i_b * stride_lse_b + i_h * stride_lse_h + rows, lse, mask=rows < seqlen_q)
-        out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
-        if num_warps > 4:
-            gl.thread_barrier()            # every warpgroup's last Q K^T is done before Q's slot holds O
-        q_smem.store(out.to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(o_desc, [m0, 0], q_smem)            # rows past seqlen_q dropped
-        tma.store_wait(pendings=0)
-
-
-    # ---- Warp-specialized, persistent variant: a producer warp streams Q / K / V, two consumer warpgroups
-    # own 64 query rows each; every program walks tiles t = pid, pid + nprog, ... of (row block, batch, head).
 
     @gluon.jit
     def _tma_box(buf, desc):
@@ -321,10 +166,10 @@ if gluon is not None:
     def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale,
                      WG: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
-        """One warpgroup, rows [m0 + WG * BLOCK_M / 2, +BLOCK_M / 2) of each tile: the schedule of the kernel
-        above (S_j issued beside P_{j-1} V_{j-1}), releasing K / V slots and its Q slot through mbarriers
-        instead of CTA-wide barriers, so the two warpgroups drift apart and take turns on the tensor cores.
-        O leaves through its own shared-memory slot by TMA while the next tile starts."""
+        """One warpgroup, rows [m0 + WG * BLOCK_M / 2, +BLOCK_M / 2) of each tile: the schedule in the module
+        docstring (S_j issued beside P_{j-1} V_{j-1}), releasing K / V slots and its Q slot through mbarriers
+        (one arrival per warpgroup). O leaves through its own shared-memory slot by TMA while the next tile
+        starts."""
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem, o_smem = smem
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
@@ -405,7 +250,7 @@ if gluon is not None:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _flash_fwd_hopper_ws_kernel(
+    def _flash_fwd_hopper_kernel(
         q_desc, k_desc, v_desc, o_desc, p_lse, stride_lse_b, stride_lse_h,
         nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_right, n_tiles,
         HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
@@ -454,23 +299,24 @@ if gluon is not None:
                             HEAD_DIM, NUM_STAGES)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
-_WARP_SPECIALIZED = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, num_warps=4, WARP_SPECIALIZED=True, CONSUMER_REGS=240)
+_WARP_SPECIALIZED = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, num_warps=4, CONSUMER_REGS=240)
 
-# (head dim, right window / causal) -> ((shortest key loop, config), ...): where these kernels measured faster
-# than flash_fwd's (H200, bf16, 16384 tokens, model dim 2048; benchmarks/NOTES.md sessions 14-15). A call takes
-# the last entry whose key loop is at most seqlen_k.
-# - hd64 without a mask, one warpgroup on 64 x 128 tiles (two programs per SM), from S = 2048 (S = 1024: 375.5
-#   vs 377 TFLOP/s): 424 / 449 / 463 / 466 TFLOP/s at S = 2048..16384 vs 403 / 416 / 419 / 422 (cuDNN 451 / 465
-#   / 467 / 467). The warp-specialized kernel measured slower at hd64 (e.g. 400 vs 427 at S = 2048).
-# - hd128 without a mask, warp-specialized and persistent: 466 / 542 / 581 / 588 / 594 / 599 TFLOP/s at
-#   S = 512..16384 (one tile per program: 405 / 490 / 548 / 585 / 604 / 612) vs the Triton kernel's 294 / 384 /
-#   473 / 505 / 525 / 544 (cuDNN 499 / 564 / 585 / 609 / 606 / 615).
-# - hd128 causal, warp-specialized, one tile per program, heaviest first: 248 / 364 / 461 / 530 / 571 / 613 at
-#   S = 512..16384 vs 212 / 287 / 368 / 443 / 492 / 542 (cuDNN 331 / 417 / 489 / 522 / 536 / 560). Persistent
-#   measured slower from S = 4096 (437 vs 613 at 16384: the static round-robin balances causal tiles badly).
-# ptxas: 187 registers, 74 KB of shared memory (hd64); 168 at launch, 240 per consumer warpgroup, 192 KB (hd128).
+# (head dim, right window / causal) -> ((shortest key loop, config), ...): where this kernel measured faster
+# than flash_fwd's (H200, bf16, 16384 tokens, model dim 2048, TFLOP/s at S = 512 / 1K / 2K / 4K / 8K / 16K;
+# benchmarks/NOTES.md session 15). A call takes the last entry whose key loop is at most seqlen_k.
+# - hd128 without a mask, persistent: 466 / 542 / 581 / 588 / 594 / 599 (one tile per program: 405 / 490 / 548
+#   / 585 / 604 / 612) vs Triton's 294 / 384 / 473 / 505 / 525 / 544; cuDNN 499 / 564 / 585 / 609 / 606 / 615.
+# - hd128 causal, one tile per program, heaviest first: 248 / 364 / 461 / 530 / 571 / 613 vs 212 / 287 / 368 /
+#   443 / 492 / 542; cuDNN 331 / 417 / 489 / 522 / 536 / 560. Persistent: 437 at 16K.
+# - hd64 without a mask, persistent: 220 / 416 / 453 / 456 / 461 / 459 vs Triton's 303 / 374 (S <= 1K) and
+#   session 14's one-warpgroup Gluon kernel 440 / 446 / 456 / 457 (2K..16K); cuDNN 390 / 431 / 455 / 461 /
+#   468 / 460.
+# - hd64 causal, one tile per program: 143 / 247 / 332 / 391 / 429 / 459 vs Triton's 185 / 277 / 337 / 376 / 398
+#   / 414, so from 4K; cuDNN 261 / 337 / 392 / 426 / 442 / 444.
+# ptxas: 168 registers at launch (12 warps), 240 per consumer warpgroup; 192 KB of shared memory at hd128.
 HOPPER_CONFIGS = {
-    (64, False): ((2048, dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, num_warps=4)), ),
+    (64, False): ((1024, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
+    (64, True): ((4096, dict(_WARP_SPECIALIZED, PERSISTENT=False)), ),
     (128, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
     (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=False)), ),
 }
@@ -496,37 +342,29 @@ def _smem_layout(block_shape, dtype):
 def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
                    nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config):
     """Launch on validated inputs (flash_fwd's fast-path checks, TMA alignment included)."""
-    head_dim = q.shape[-1]
+    head_dim, batch = q.shape[-1], q.shape[0]
     cfg = dict(config)
     block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
-    consts = dict(HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_M=block_m, BLOCK_N=block_n,
-                  HEAD_DIM=head_dim, KV_SMEM=_smem_layout([block_n, head_dim], q.dtype))
-    if cfg.pop("WARP_SPECIALIZED", False):
-        batch, rows = q.shape[0], block_m // 2
-        n_tiles = cdiv(seqlen_q, block_m) * batch * nheads_q
-        programs = min(n_tiles, sm_count(q.device)) if cfg.pop("PERSISTENT") else n_tiles
-        # The kernel reads each [1, box, 1, head_dim] TMA box as a [box, head_dim] tile (_tma_box): the two
-        # layouts must swizzle alike.
-        assert all(_smem_layout([1, box, 1, head_dim], q.dtype).swizzle_byte_width
-                   == _smem_layout([box, head_dim], q.dtype).swizzle_byte_width for box in (rows, block_n))
-        # triton encodes host-side descriptors before its launcher binds the CUDA context to the calling
-        # thread, and a new thread has none yet ("invalid device context"): any CUDA runtime call binds it,
-        # and this one is also legal while a CUDA graph is being captured.
-        torch.cuda.is_current_stream_capturing()
-        descs = [TensorDescriptor(t, [batch, seqlen, heads, head_dim], list(strides), [1, box, 1, head_dim],
-                                  _smem_layout([1, box, 1, head_dim], q.dtype))
-                 for t, seqlen, heads, strides, box in ((q, seqlen_q, nheads_q, q_strides, rows),
-                                                        (k, seqlen_k, nheads_k, k_strides, block_n),
-                                                        (v, seqlen_k, nheads_k, v_strides, block_n),
-                                                        (out, seqlen_q, nheads_q, o_strides, rows))]
-        _flash_fwd_hopper_ws_kernel[(programs, )](
-            *descs, lse, *lse_strides, nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, qk_scale, window_right,
-            n_tiles, Q_SMEM=_smem_layout([rows, head_dim], q.dtype), **consts, **cfg)
-    else:
-        ensure_tma_allocator()          # device-side descriptors
-        grid = (cdiv(seqlen_q, block_m), q.shape[0] * nheads_q)
-        _flash_fwd_hopper_kernel[grid](
-            q, k, v, out, lse, *q_strides[:3], *k_strides[:3], *v_strides[:3], *o_strides[:3], *lse_strides,
-            nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, qk_scale, window_right,
-            Q_SMEM=_smem_layout([block_m, head_dim], q.dtype), **consts, **cfg)
+    rows = block_m // 2
+    n_tiles = cdiv(seqlen_q, block_m) * batch * nheads_q
+    programs = min(n_tiles, sm_count(q.device)) if cfg.pop("PERSISTENT") else n_tiles
+    # The kernel reads each [1, box, 1, head_dim] TMA box as a [box, head_dim] tile (_tma_box): the two layouts
+    # must swizzle alike.
+    assert all(_smem_layout([1, box, 1, head_dim], q.dtype).swizzle_byte_width
+               == _smem_layout([box, head_dim], q.dtype).swizzle_byte_width for box in (rows, block_n))
+    # triton encodes host-side descriptors before its launcher binds the CUDA context to the calling thread,
+    # and a new thread has none yet ("invalid device context"): any CUDA runtime call binds it, and this one
+    # is also legal while a CUDA graph is being captured.
+    torch.cuda.is_current_stream_capturing()
+    descs = [TensorDescriptor(t, [batch, seqlen, heads, head_dim], list(strides), [1, box, 1, head_dim],
+                              _smem_layout([1, box, 1, head_dim], q.dtype))
+             for t, seqlen, heads, strides, box in ((q, seqlen_q, nheads_q, q_strides, rows),
+                                                    (k, seqlen_k, nheads_k, k_strides, block_n),
+                                                    (v, seqlen_k, nheads_k, v_strides, block_n),
+                                                    (out, seqlen_q, nheads_q, o_strides, rows))]
+    _flash_fwd_hopper_kernel[(programs, )](
+        *descs, lse, *lse_strides, nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, qk_scale, window_right,
+        n_tiles, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_DIM=head_dim, Q_SMEM=_smem_layout([rows, head_dim], q.dtype),
+        KV_SMEM=_smem_layout([block_n, head_dim], q.dtype), **cfg)
     return out, lse
