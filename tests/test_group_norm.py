@@ -114,7 +114,6 @@ def test_launch_modes(device, monkeypatch, mode, layout, order):
     the second pass walking its tiles backwards (the default) or forwards with an eviction policy."""
     monkeypatch.setattr(gn_ops, "REVERSE_SECOND_PASS", order[0])
     monkeypatch.setattr(gn_ops, "SECOND_PASS_EVICT", order[1])
-    monkeypatch.setattr(gn_ops, "USE_RESIDENT", False)
     monkeypatch.setattr(gn_ops, "CHUNKED_CHANNELS_LAST", False)   # the legacy per-group programs
     monkeypatch.setattr(gn_ops, "ONE_TILE_FWD", 16)
     monkeypatch.setattr(gn_ops, "ONE_TILE_BWD", 16)
@@ -130,45 +129,6 @@ def test_launch_modes(device, monkeypatch, mode, layout, order):
     # A mean far from 0 checks that the variance is not E[s^2] - mean^2.
     t = make((2, 12, 5, 7), F32, device, layout=layout, residual=(2, 12, 1, 1) if cl else "full", shift=300.0)
     check(t, 3, "silu", TOL[F32])
-
-
-# (layout, chunk elements, programs per SM, min run bytes): chunks small enough that a 5 x 7 group takes
-# several (two launches, phases 1 + 2), or whole groups (k = 1: the one-launch counter path, in several
-# rounds of a persistent grid); channels_last with units of 2 of the 3 groups (a ragged last unit).
-RESIDENT_CASES = [
-    pytest.param(None, 16, 2, 64, id="nchw-two-launch"),        # [2, 8] chunks (half a channel block masked)
-    pytest.param(None, 64, 2, 64, id="nchw-two-launch-cblocks"),  # [4, 16]: pixel blocks of a whole group
-    pytest.param(None, 256, 0, 64, id="nchw-one-launch-rounds"),  # k = 1, 1 program (the floor) for 6 units
-    pytest.param(CL, 16, 2, 32, id="cl-two-launch-ragged-units"),
-    pytest.param(CL, 256, 0, 64, id="cl-one-launch-rounds"),    # one unit of 3 groups per sample
-    pytest.param(CL, 256, 0, 32, id="cl-one-launch-ragged-units"),
-]
-
-
-@pytest.mark.parametrize("layout, chunk, pps, run_bytes", RESIDENT_CASES)
-def test_resident_mode(device, monkeypatch, layout, chunk, pps, run_bytes):
-    """RESIDENT (x read once, chunks held in registers): every chunking the planner makes for C = 12, 3
-    groups, 5 x 7 pixels, a mean far from 0 (no E[s^2] - mean^2), forward and every gradient. NCHW is
-    forced into it with a tiny one-tile cap."""
-    for name, value in (("USE_RESIDENT", True), ("ONE_TILE_FWD", 16), ("ONE_TILE_BWD", 16), ("RESIDENT_CHUNK_FWD", chunk),
-                        ("RESIDENT_CHUNK_BWD", chunk), ("RESIDENT_PROGRAMS_PER_SM", pps),
-                        ("RESIDENT_MIN_RUN_BYTES", run_bytes)):
-        monkeypatch.setattr(gn_ops, name, value)
-    x = torch.empty(2, 12, 5, 7, device=device)
-    cl = layout is CL
-    assert gn_ops._use_resident(2, 3, 4, 35, cl, 16, x.device)
-    plan = gn_ops._resident_plan(2, 3, 4, 35, cl, 4, True, x.device)
-    k = plan.n_cblocks * plan.n_pblocks
-    assert plan.block_c * plan.block_hw <= chunk
-    assert (plan.programs > 0) == (k == 1), "the interpreter runs one launch only for k == 1"
-    if plan.programs:
-        assert plan.programs < plan.n_units * k, "several rounds of the persistent grid"
-    if run_bytes == 32 and cl:
-        assert plan.gb == 2 and plan.n_units == 4
-    for residual in ((2, 12, 1, 1), "full"):
-        t = make((2, 12, 5, 7), F32, device, layout=layout, residual=residual, shift=300.0)
-        check(t, 3, "silu", TOL[F32])
-    check(make((2, 12, 5, 7), F16, device, layout=layout, weight=False, residual=None), 3, "gelu", TOL[F16])
 
 
 # (layout, shape, groups, activation, weight, residual, tile, SMs, wave samples, dtype): tiny tiles, many
@@ -201,7 +161,7 @@ def test_chunked_mode(device, monkeypatch, layout, shape, groups, activation, we
     x = torch.empty(shape, device=device)
     itemsize = torch.empty((), dtype=dtype).element_size()
     inputs = 3 if residual == "full" else 2                 # the backward's wave counts x, dy (and residual)
-    for name, value in (("USE_RESIDENT", False), ("CHUNKED_NCHW", True), ("CHUNKED_NCHW_MIN_GROUP", 0),
+    for name, value in (("CHUNKED_NCHW", True), ("CHUNKED_NCHW_MIN_GROUP", 0),
                         ("CHUNKED_CHANNELS_LAST", True), ("CL_PER_GROUP_MAX_BYTES", 0),
                         ("ONE_TILE_FWD", 16), ("ONE_TILE_BWD", 16), ("CHUNK_TILE", tile),
                         ("INTERPRETER_SMS", sms), ("WAVE_BYTES", wave * x[0].numel() * itemsize * inputs)):
@@ -256,33 +216,6 @@ def test_chunk_plan_at_real_sizes():
                     assert p.wave * p.n_chunks * p.n_cblocks >= 2 * 132
                     if cl:
                         assert p.block_c * 2 >= 128 and c % p.block_c == 0
-
-
-def test_resident_plan_invariants():
-    """The one-launch grid at real sizes (132 SMs): a multiple of the chunks per unit (a unit's chunks run
-    in the same round) and no more programs than the SMs hold at the registers maxnreg allows; this is
-    what makes the in-kernel spin deadlock-free."""
-    for n, c, h in ((2, 320, 64), (8, 320, 128), (16, 640, 64), (16, 1280, 32), (2, 640, 32), (2, 1280, 16),
-                    (1, 30, 300)):
-        for cl in (False, True):
-            for fwd in (True, False):
-                chunk = gn_ops.RESIDENT_CHUNK_FWD if fwd else gn_ops.RESIDENT_CHUNK_BWD
-                per_warp = gn_ops.RESIDENT_ELEMENTS_PER_WARP_FWD if fwd else gn_ops.RESIDENT_ELEMENTS_PER_WARP_BWD
-                groups = 32 if c != 30 else 3
-                cpg = c // groups
-                p = gn_ops._resident_plan_cached(n, groups, cpg, h * h, cl, 2, chunk, per_warp,
-                                                 gn_ops.RESIDENT_PROGRAMS_PER_SM, gn_ops.RESIDENT_MIN_RUN_BYTES,
-                                                 True, 132)
-                k = p.n_cblocks * p.n_pblocks
-                pps = max(1, min(16, gn_ops.RESIDENT_PROGRAMS_PER_SM * 16 // p.num_warps))
-                # a unit of more chunks than the SMs hold falls back to two launches (programs == 0)
-                assert (p.programs > 0) == (k <= 132 * pps)
-                assert p.programs % k == 0 and p.programs <= 132 * pps
-                assert p.maxnreg * p.num_warps * 32 * pps <= 65536 and p.maxnreg >= 32
-                assert p.block_c * p.block_hw <= chunk
-                assert p.n_cblocks * p.block_c >= p.gb * cpg and p.n_pblocks * p.block_hw >= h * h
-                if cl:
-                    assert p.gb * cpg * 2 >= gn_ops.RESIDENT_MIN_RUN_BYTES or p.gb == groups
 
 
 def test_matches_torch_group_norm(device):

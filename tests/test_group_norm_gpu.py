@@ -51,67 +51,6 @@ def test_odd_shapes_gpu(shape, groups, layout):
     check(t, groups, "silu", TOL[F16])
 
 
-def test_modes_at_real_sizes_gpu(monkeypatch):
-    """The launch plan on this GPU: small NCHW groups with enough of them stay in one tile; by default SD's
-    large groups LOOP or SPLIT; with RESIDENT on, they and every channels_last group run RESIDENT in one
-    launch (checked above)."""
-    dev = torch.device("cuda")
-    for n, c, hw in ((2, 320, 4096), (16, 640, 4096), (8, 320, 16384), (16, 1280, 1024)):
-        for cl in (False, True):
-            assert not gn_ops._use_resident(n, 32, c // 32, hw, cl, gn_ops.ONE_TILE_FWD, dev)
-    monkeypatch.setattr(gn_ops, "USE_RESIDENT", True)
-    assert not gn_ops._use_resident(16, 32, 8, 256, False, gn_ops.ONE_TILE_FWD, dev)
-    for n, c, hw in ((2, 320, 4096), (16, 640, 4096), (8, 320, 16384), (16, 1280, 1024)):
-        for cl in (False, True):
-            assert gn_ops._use_resident(n, 32, c // 32, hw, cl, gn_ops.ONE_TILE_FWD, dev)
-            assert gn_ops._resident_plan(n, 32, c // 32, hw, cl, 2, True, dev).programs > 0
-
-
-RESIDENT_VARIANTS = {
-    "two-launch": dict(RESIDENT_SYNC=False),
-    "pps2": dict(RESIDENT_CHUNK_FWD=8192, RESIDENT_CHUNK_BWD=4096, RESIDENT_ELEMENTS_PER_WARP_FWD=512,
-                 RESIDENT_ELEMENTS_PER_WARP_BWD=256, RESIDENT_PROGRAMS_PER_SM=2),
-    "small-chunks": dict(RESIDENT_CHUNK_FWD=2048, RESIDENT_CHUNK_BWD=1024),    # many chunks per unit
-}
-
-
-@pytest.mark.parametrize("variant", list(RESIDENT_VARIANTS))
-@pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
-def test_resident_variants_gpu(monkeypatch, variant, layout):
-    """The tune script's RESIDENT variants at a real size, forward and every gradient."""
-    monkeypatch.setattr(gn_ops, "USE_RESIDENT", True)
-    for name, value in RESIDENT_VARIANTS[variant].items():
-        monkeypatch.setattr(gn_ops, name, value)
-    gn_ops._resident_plan_cached.cache_clear()
-    t = make((8, 320, 64, 64), BF16, "cuda", layout=layout, residual=(8, 320, 1, 1), shift=2.0)
-    check(t, 32, "silu", TOL[BF16])
-    gn_ops._resident_plan_cached.cache_clear()
-
-
-@pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
-def test_resident_counters_repeat_and_graph_gpu(monkeypatch, layout):
-    """The per-unit arrival counters reset themselves: 5 eager calls and 3 CUDA-graph replays (a
-    different shape in between, sharing the counters) give bitwise the same output."""
-    monkeypatch.setattr(gn_ops, "USE_RESIDENT", True)     # off by default (slow on the H200, see group_norm.py)
-    x = torch.randn(16, 640, 64, 64, device="cuda", dtype=BF16)
-    x = x if layout is None else x.to(memory_format=CL)
-    w, b = torch.randn(640, device="cuda"), torch.randn(640, device="cuda")
-    y0 = group_norm(x, 32, w, b, 1e-6, "silu")
-    other = torch.randn(2, 320, 64, 64, device="cuda", dtype=BF16)
-    for _ in range(4):
-        assert torch.equal(group_norm(x, 32, w, b, 1e-6, "silu"), y0)
-        group_norm(other, 32, activation="silu")
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        yg = group_norm(x, 32, w, b, 1e-6, "silu")
-    for _ in range(3):
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(yg, y0)
-    ref = F.silu(F.group_norm(x.float(), 32, w, b, 1e-6))
-    assert rel_err(y0, ref) < TOL[BF16]
-
-
 @pytest.mark.parametrize("dtype", [F16, BF16])
 def test_module_matches_torch_gpu(dtype):
     ours = GroupNormAct(32, 640, eps=1e-6, activation="silu", device="cuda", dtype=dtype)
@@ -161,7 +100,6 @@ def test_compile_inductor_gpu(layout, dtype):
 def test_chunked_sd_shapes_gpu(monkeypatch, wave_bytes, shape, layout):
     """CHUNKED mode (forced for NCHW too) at SD sizes, bf16: several waves of samples for the 84 MB tensors
     (24 MB waves) and one wave; silu(GN(x + temb)) and every gradient against float64."""
-    monkeypatch.setattr(gn_ops, "USE_RESIDENT", False)
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW", True)
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW_MIN_GROUP", 0)
     monkeypatch.setattr(gn_ops, "CHUNKED_CHANNELS_LAST", True)

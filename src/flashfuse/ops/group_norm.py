@@ -37,11 +37,9 @@ from .group_norm_details._kernels import (
     _group_norm_fwd_stats_kernel,
 )
 from .group_norm_details._chunked_launch import ChunkConfig, chunk_plan, chunked_backward, chunked_forward  # noqa: F401
-from .group_norm_details._resident import _group_norm_bwd_resident_kernel, _group_norm_fwd_resident_kernel
-from .group_norm_details._resident_plan import _ResidentPlan, _counters, _launch_opts, _resident_plan_cached
 
 ACTIVATIONS = {"none": 0, "silu": 1, "mish": 2, "gelu": 3}      # codes of group_norm_details/_kernels.py
-MODE_ONE_TILE, MODE_LOOP, MODE_SPLIT, MODE_RESIDENT = 0, 1, 2, 3
+MODE_ONE_TILE, MODE_LOOP, MODE_SPLIT = 0, 1, 2
 
 # Largest group held in registers as one tile (BLOCK_C x BLOCK_HW, padded to powers of 2). Forward: 16384
 # values on 16 warps are 32 fp32 per thread, as norm.py's 16384-column rows (no spills on sm_90). Backward
@@ -64,29 +62,9 @@ FWD_ELEMENTS_PER_WARP, BWD_ELEMENTS_PER_WARP, LOOP_ELEMENTS_PER_WARP, MAX_WARPS 
 SPLIT_BELOW_GROUPS_PER_SM, SPLIT_PROGRAMS_PER_SM, MIN_CHUNK_ELEMENTS = 2, 4, 2048
 INTERPRETER_SMS = 1   # in the interpreter (tests raise it to force SPLIT)
 
-# RESIDENT mode (group_norm_details/_resident.py): every group that does not fit ONE_TILE, and every
-# channels_last group, is cut into register-resident chunks; x is read once. Arithmetic for the defaults
-# (H200: 132 SMs, 64K registers and ~32 GB/s of HBM per SM):
-# - a forward chunk of 16384 elements on 16 warps is 32 fp32 per thread: ptxas (sm_90, triton 3.6) puts
-#   the kernel at 128 registers with 0-116 bytes spilled per thread (NCHW chunks of several channels
-#   spill most; L1 holds it), so one program per SM (maxnreg 128). Its one burst of loads is 32 KB of bf16 per SM in flight, above the ~26 KB that
-#   Little's law asks of HBM3e (32 GB/s x ~0.8 us). The backward holds s and dy: 8192 elements.
-#   (2 programs per SM at half the chunk need maxnreg 64: ptxas spilled 40-570 bytes; a tune variant.)
-# - SD's (8, 320, 128, 128) then runs 10 chunks per group in ~20 rounds of 130 programs: per round and
-#   SM 32 KB read + 32 KB written (~2 us of HBM time) against one counter round trip (~1 us) that the
-#   posted stores of the previous round partly hide.
-RESIDENT_CHUNK_FWD, RESIDENT_CHUNK_BWD = 16384, 8192
-RESIDENT_ELEMENTS_PER_WARP_FWD, RESIDENT_ELEMENTS_PER_WARP_BWD = 1024, 512   # 32 / 16 (x2 tensors) per lane
-RESIDENT_PROGRAMS_PER_SM = 1        # per 16 warps (smaller chunks: proportionally more, same registers)
-# channels_last: a unit of GB groups is one contiguous run of GB x C/G channels per pixel; at least 64
-# bytes (two 32-byte sectors) so that runs do not waste most of each sector fetched.
-RESIDENT_MIN_RUN_BYTES = 64
-RESIDENT_SYNC = True   # one launch with the in-kernel counter meeting (False: two launches, x read twice)
-# Off by default: measured on an H200 (session 4, `flashfuse bench diffusion --cuda-graph`, bf16), the meeting
-# at the counters is far slower than the arithmetic above says: NCHW (8, 320, 128, 128) forward 5.44 ms (0.7% of
-# copy; LOOP: 0.09 ms), (16, 640, 64, 64) 1.47 ms, (2, 320, 64, 64) 0.15 ms; channels_last about as before
-# (0.29 / 0.20 ms vs 0.36 / 0.18). Kept, tested on both tiers, for the next round of measurement.
-USE_RESIDENT = False   # True: RESIDENT for large and channels_last groups instead of LOOP / SPLIT
+# (A RESIDENT mode that read x once, register-resident chunks meeting at global counters, measured far slower
+# than LOOP / SPLIT in session 4 and was removed in session 15; the read-once designs measured since are in
+# benchmarks/NOTES.md, sessions 8-13.)
 # CHUNKED mode (group_norm_details/_chunked*.py; the arithmetic is in _chunked_launch.py): programs over
 # (sample, pixel chunk, channel block) slabs with per-channel partials, a tiny per-group finalize, then x
 # re-read. On for channels_last, where the old per-group programs read 20..80-byte runs at a C-element stride.
@@ -123,7 +101,6 @@ CHUNK_FIT_WAVE = True
 # evict_first no gain in either order (off).
 REVERSE_SECOND_PASS = True
 SECOND_PASS_EVICT = ""
-SPIN_LIMIT = 1 << 21   # ~1 s of polling before a unit gives up with NaN statistics (never in a sound launch)
 
 
 class _Plan(NamedTuple):
@@ -169,25 +146,6 @@ def _plan(n: int, groups: int, cpg: int, hw: int, channels_contiguous: bool, one
     mode = MODE_SPLIT if n_chunks > 1 else MODE_LOOP
     return _Plan(mode, block_c, block_hw, chunk_hw, n_chunks,
                  min(MAX_WARPS, max(1, block_c * block_hw // LOOP_ELEMENTS_PER_WARP)))
-
-
-def _use_resident(n: int, groups: int, cpg: int, hw: int, channels_contiguous: bool, one_tile: int,
-                  device: torch.device) -> bool:
-    """RESIDENT for groups too large for one tile, for channels_last (long contiguous runs instead of
-    C/G-channel runs) and for too few groups to fill the SMs."""
-    if not USE_RESIDENT:
-        return False
-    big = next_power_of_2(cpg) * next_power_of_2(hw) > one_tile
-    return big or channels_contiguous or n * groups < _num_sms(device)
-
-
-def _resident_plan(n: int, groups: int, cpg: int, hw: int, channels_contiguous: bool, elt_bytes: int,
-                   forward: bool, device: torch.device) -> _ResidentPlan:
-    chunk = RESIDENT_CHUNK_FWD if forward else RESIDENT_CHUNK_BWD
-    per_warp = RESIDENT_ELEMENTS_PER_WARP_FWD if forward else RESIDENT_ELEMENTS_PER_WARP_BWD
-    sync = RESIDENT_SYNC and device.type == "cuda"
-    return _resident_plan_cached(n, groups, cpg, hw, channels_contiguous, elt_bytes, chunk, per_warp,
-                                 RESIDENT_PROGRAMS_PER_SM, RESIDENT_MIN_RUN_BYTES, sync, _num_sms(device))
 
 
 def _use_chunked(groups: int, cpg: int, hw: int, channels_last: bool, one_tile: int, nbytes: int) -> bool:
@@ -266,10 +224,6 @@ def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = No
     r = x if residual is None else _expand_residual(residual, x)
     sx, sr, sy = _nchw_strides(x), _nchw_strides(r), _nchw_strides(y)
     cl = sx[1] == 1 and hw > 1
-    if _use_resident(n, num_groups, cpg, hw, cl, ONE_TILE_FWD, x.device):
-        _forward_resident(x, r, weight, bias, y, mean, rstd, residual is not None, num_groups, eps, activation,
-                          (n, hw, cpg, cl), sx, sr, sy)
-        return y, mean, rstd
     if _use_chunked(num_groups, cpg, hw, cl, ONE_TILE_FWD, x.numel() * x.element_size()):
         chunked_forward(x, r, weight, bias, y, mean, rstd, (sx, sr, sy), residual is not None, num_groups, eps,
                         ACTIVATIONS[activation], _chunk_config(x.device), _alloc)
@@ -294,55 +248,6 @@ def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = No
     return y, mean, rstd
 
 
-def _forward_resident(x, r, weight, bias, y, mean, rstd, has_residual, num_groups, eps, activation, geo,
-                      sx, sr, sy):
-    n, hw, cpg, cl = geo
-    plan = _resident_plan(n, num_groups, cpg, hw, cl, x.element_size(), True, x.device)
-    k = plan.n_cblocks * plan.n_pblocks
-    part = _alloc((plan.n_units, k, plan.block_g, 3), torch.float32, x.device)
-    dummy = x  # stands in for absent weight / bias (HAS_* is False: never touched)
-    counter = _counters(x.device, plan.n_units) if plan.programs else mean
-    args = (x, r, dummy if weight is None else weight, dummy if bias is None else bias, y, part, counter, mean,
-            rstd, hw, cpg, num_groups, plan.gb, cdiv(num_groups, plan.gb), k, plan.n_cblocks, plan.n_units * k,
-            SPIN_LIMIT, *sx, *sr, *sy, float(eps))
-    flags = dict(HAS_RESIDUAL=has_residual, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-                 ACTIVATION=ACTIVATIONS[activation], BLOCK_C=plan.block_c, BLOCK_HW=plan.block_hw,
-                 BLOCK_G=plan.block_g, BLOCK_K=next_power_of_2(k), **_launch_opts(plan))
-    if plan.programs:
-        _group_norm_fwd_resident_kernel[(plan.programs,)](*args, PHASE=0, **flags)
-    else:
-        for phase in (1, 2):
-            _group_norm_fwd_resident_kernel[(plan.n_units * k,)](*args, PHASE=phase, **flags)
-
-
-def _backward_resident(dy, x, r, weight, bias, mean, rstd, dx, has_residual, num_groups, activation, compute_dw,
-                       compute_db, dres_in_kernel):
-    """(dw_part, db_part, dres_part), each [N, pixel blocks, C] fp32 or None; dx written in place."""
-    n, c, hw, cpg = _geometry(x, num_groups)
-    sx, sr, sdy, sdx = _nchw_strides(x), _nchw_strides(r), _nchw_strides(dy), _nchw_strides(dx)
-    plan = _resident_plan(n, num_groups, cpg, hw, sx[1] == 1 and hw > 1, x.element_size(), False, x.device)
-    k = plan.n_cblocks * plan.n_pblocks
-    parts = [_alloc((n, plan.n_pblocks, c), torch.float32, x.device) if want else None
-             for want in (compute_dw, compute_db, dres_in_kernel)]
-    dummy = mean  # stands in for absent tensors (their HAS_* / COMPUTE_* is False: never touched)
-    sums = _alloc((plan.n_units, k, plan.block_g, 2), torch.float32, x.device)
-    counter = _counters(x.device, plan.n_units) if plan.programs else mean
-    args = (x, r, dy, dummy if weight is None else weight, dummy if bias is None else bias, mean, rstd, sums,
-            counter, dx, *(dummy if t is None else t for t in parts), c, hw, cpg, num_groups, plan.gb,
-            cdiv(num_groups, plan.gb), k, plan.n_cblocks, plan.n_units * k, SPIN_LIMIT, float(cpg * hw),
-            *sx, *sr, *sdy, *sdx)
-    flags = dict(HAS_RESIDUAL=has_residual, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-                 ACTIVATION=ACTIVATIONS[activation], COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-                 HAS_DRES=dres_in_kernel, BLOCK_C=plan.block_c, BLOCK_HW=plan.block_hw, BLOCK_G=plan.block_g,
-                 BLOCK_K=next_power_of_2(k), **_launch_opts(plan))
-    if plan.programs:
-        _group_norm_bwd_resident_kernel[(plan.programs,)](*args, PHASE=0, **flags)
-    else:
-        for phase in (1, 2):
-            _group_norm_bwd_resident_kernel[(plan.n_units * k,)](*args, PHASE=phase, **flags)
-    return parts
-
-
 def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation, compute_dw, compute_db,
               compute_dres):
     """(dx, dw or None, db or None, dresidual reduced in the kernel or None): see group_norm_backward."""
@@ -350,13 +255,6 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
     dy = _as_nchw(dy)
     dx = _alloc_like(x)
     dres_in_kernel = compute_dres and _dres_in_kernel(x, residual)
-    if x.numel() > 0 and _use_resident(n, num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD,
-                                       x.device):
-        r = x if residual is None else _expand_residual(residual, x)
-        dw_part, db_part, dres_part = _backward_resident(
-            dy, x, r, weight, bias, mean, rstd, dx, residual is not None, num_groups, activation, compute_dw,
-            compute_db, dres_in_kernel)
-        return dx, *_reduce_parts(x, residual, weight, bias, n, c, dw_part, db_part, dres_part)
     if x.numel() > 0 and _use_chunked(num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD,
                                       x.numel() * x.element_size()):
         r = x if residual is None else _expand_residual(residual, x)

@@ -133,7 +133,6 @@ if gluon is not None:
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
         nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_tiles = shape
         ROWS: gl.constexpr = BLOCK_M // 2
-        dtype: gl.constexpr = q_smem.dtype
         tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
         c = 0
         it = 0
