@@ -138,3 +138,6 @@ def test_hopper_forward_plan():
     assert hopper.hopper_forward_config(64, False, 1024, 512, 16 * 32, 132) is None       # short key loop
     assert hopper.hopper_forward_config(128, True, 256, 256, 64 * 16, 132) is None        # short key loop
     assert hopper.hopper_forward_config(64, False, 2048, 2048, 4, 132) is None            # under two waves
+    q = torch.empty(2, 8, 4, 64)
+    assert hopper.descriptor_compatible(q, q[:, :, :2])
+    assert not hopper.descriptor_compatible(q, q[:, :, :1].expand(2, 8, 4, 64))      # K / V broadcast over heads

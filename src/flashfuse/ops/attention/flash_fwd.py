@@ -484,7 +484,8 @@ def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softca
     num_sms = 132 if INTERPRET else sm_count(q.device)
     programs = q.shape[0] * nheads_q
     tma_ok = tma_compatible(q, k, v, out)
-    if GLUON_FORWARD and tma_ok and flash_fwd_hopper.available(q.device):
+    if (GLUON_FORWARD and tma_ok and flash_fwd_hopper.available(q.device)
+            and flash_fwd_hopper.descriptor_compatible(q, k, v, out)):
         cfg = flash_fwd_hopper.hopper_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1],
                                                      programs, num_sms)
         if cfg is not None:

@@ -68,6 +68,13 @@ def available(device: torch.device) -> bool:
             and _capability(device.index if device.index is not None else torch.cuda.current_device()) == (9, 0))
 
 
+def descriptor_compatible(*tensors) -> bool:
+    """Beyond flash_fwd's TMA checks (16-byte aligned base and strides): the host-side 4-D descriptors take
+    every stride as given, so a broadcast dimension (stride 0, e.g. K / V expanded over heads) stays with
+    the Triton kernels, which index per (batch, head) themselves."""
+    return all(0 not in t.stride() for t in tensors)
+
+
 @functools.lru_cache(maxsize=None)
 def _capability(index: int):
     return torch.cuda.get_device_capability(index)
