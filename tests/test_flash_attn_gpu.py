@@ -553,3 +553,70 @@ def test_hopper_forward_table_gpu(monkeypatch, headdim, causal, seqlen, dtype):
                                                            is_causal=causal).transpose(1, 2)
     err = ((out.float() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, f"rel err {err:.2e}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Gluon backward (flash_bwd_hopper): deterministic=False on Hopper
+# ----------------------------------------------------------------------------------------------------
+
+from flashfuse.ops.attention import flash_bwd_hopper  # noqa: E402
+
+HOPPER_BWD_SHAPES = [
+    (BF16, (113, 203), MHA, {}),                                  # ragged ends in both sequences
+    (F16, (256, 512), GQA, {"causal": True}),                     # bottom-right causal, GQA group loop
+    (BF16, (512, 256), GQA, {"causal": True}),                    # rows with no visible key
+    (F16, (1023, 1024), MQA, {}),
+    (BF16, (1024, 1023), MHA, {"causal": True}),
+    (BF16, (2048, 2048), GQA, {"causal": True}),
+    (F16, (300, 100), MHA, {"window_size": (-1, 17)}),            # a right window only
+    (BF16, (1, 77), MHA, {}),                                     # one query row
+    (F16, (77, 1), GQA, {"causal": True}),                        # one key
+]
+HOPPER_BWD_CASES = [(d, *shape) for d in (64, 128) for shape in HOPPER_BWD_SHAPES]
+
+
+@pytest.mark.parametrize("headdim, dtype, seqlens, heads, opts", HOPPER_BWD_CASES,
+                         ids=[f"d{c[0]}-{str(c[1])[6:]}-{c[2][0]}x{c[2][1]}-{'-'.join(c[4]) or 'full'}"
+                              for c in HOPPER_BWD_CASES])
+def test_hopper_backward_gpu(monkeypatch, headdim, dtype, seqlens, heads, opts):
+    """The Gluon backward alone (flash_bwd's grid removed) against the fp32 reference by flash-attn's
+    criterion: every gradient, ragged ends, causal both ways, a right window, rows with no visible key
+    (their dq exactly 0), GQA / MQA (dk, dv summed over the group)."""
+    _require_gluon()
+    monkeypatch.setattr(flash_bwd, "_flash_bwd_kernel", None)
+    q, k, v = rand_qkv(2, *seqlens, *heads, headdim, dtype=dtype, device="cuda")
+    assert flash_bwd._hopper_plan(q, q, k, v, deterministic=False, is_varlen=False, extras=False,
+                                  seqlen_k=seqlens[1]) is not None
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
+    grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse,
+                                             ref_dtype=REF)
+    assert_zero_rows("dq", grads["q"], no_key_rows_flash(ref_lse))
+
+
+@pytest.mark.parametrize("headdim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_backward_matches_deterministic_gpu(monkeypatch, headdim, causal):
+    """A benchmark shape (16384 tokens, model dim 2048, S = 4096) through flash_attn_func: deterministic=False
+    (the Gluon kernel; it must be taken) within bf16 rounding of deterministic=True (flash_bwd's grid, never
+    the Gluon kernel: two runs bit-identical)."""
+    _require_gluon()
+    q, k, v = (torch.randn(4, 4096, 2048 // headdim, headdim, device="cuda", dtype=BF16, requires_grad=True)
+               for _ in range(3))
+    dout = torch.randn_like(q)
+    calls = []
+    launch = flash_bwd_hopper.hopper_backward
+    monkeypatch.setattr(flash_bwd_hopper, "hopper_backward", lambda *a, **kw: calls.append(1) or launch(*a, **kw))
+
+    def grads(deterministic):
+        out = flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    det, det2 = grads(True), grads(True)
+    assert not calls, "deterministic=True took the Gluon (atomic) backward"
+    gluon_grads = grads(False)
+    assert calls, "deterministic=False did not take the Gluon backward"
+    for name, a, b, c in zip(("dq", "dk", "dv"), det, det2, gluon_grads):
+        assert torch.equal(a, b), f"{name}: deterministic=True not bit-identical"
+        assert_finite(name, c)
+        err = ((c.float() - a.float()).norm() / a.float().norm()).item()
+        assert err < 1e-2, f"{name}: Gluon backward rel err {err:.2e} vs deterministic"

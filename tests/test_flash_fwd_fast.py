@@ -141,3 +141,47 @@ def test_hopper_forward_plan():
     q = torch.empty(2, 8, 4, 64)
     assert hopper.descriptor_compatible(q, q[:, :, :2])
     assert not hopper.descriptor_compatible(q, q[:, :, :1].expand(2, 8, 4, 64))      # K / V broadcast over heads
+
+
+def test_hopper_backward_plan(monkeypatch):
+    """flash_bwd_hopper's Gluon backward (atomic dQ): only for deterministic=False, without the score extras or
+    varlen, 16-bit, at head dims 64 / 128, where the device can run it (never in the interpreter). The kernel
+    runs in the GPU tier (test_flash_attn_gpu.py)."""
+    from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper as hopper
+
+    q = torch.empty(2, 256, 4, 128, dtype=torch.bfloat16)
+    plan = partial(flash_bwd._hopper_plan, q, q, q, q, is_varlen=False, extras=False, seqlen_k=256)
+    assert plan(deterministic=False) is None                          # the interpreter: no Gluon
+    monkeypatch.setattr(hopper, "available", lambda device: True)
+    assert plan(deterministic=False) == hopper.HOPPER_BWD_CONFIGS[128]
+    assert plan(deterministic=True) is None
+    assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, is_varlen=True, extras=False, seqlen_k=256) is None
+    assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, is_varlen=False, extras=True, seqlen_k=256) is None
+    q96 = torch.empty(2, 256, 4, 96, dtype=torch.bfloat16)
+    assert flash_bwd._hopper_plan(q96, q96, q96, q96, deterministic=False, is_varlen=False, extras=False,
+                                  seqlen_k=256) is None
+    q32 = q.float()
+    assert flash_bwd._hopper_plan(q32, q32, q32, q32, deterministic=False, is_varlen=False, extras=False,
+                                  seqlen_k=256) is None
+    kv = q[:, :, :1].expand(q.shape)                                  # broadcast over heads: no descriptor
+    assert flash_bwd._hopper_plan(q, q, kv, kv, deterministic=False, is_varlen=False, extras=False,
+                                  seqlen_k=256) is None
+
+
+@pytest.mark.parametrize("seqlen_q, block_m", [(77, 64), (128, 64), (1, 32)])
+def test_hopper_backward_inputs(seqlen_q, block_m):
+    """The preprocess in flash_bwd_hopper's layout: delta = rowsum(dO * O) and lse2 = lse * log2(e) as
+    [batch * nheads, seqlen_q rounded up to block_m] rows, exactly 0 in the padding (a whole query block is
+    read; +inf lse of rows with no key stays +inf)."""
+    from flashfuse.ops.attention import flash_bwd
+
+    out, dout = torch.randn(2, seqlen_q, 3, 40), torch.randn(2, seqlen_q, 3, 40)
+    lse = torch.randn(2, 3, seqlen_q)
+    lse[0, 1, 0] = float("inf")
+    delta, lse2 = flash_bwd.hopper_backward_inputs(out, dout, lse, block_m)
+    rows = -(-seqlen_q // block_m) * block_m
+    assert delta.shape == lse2.shape == (6, rows)
+    ref_delta = (out.double() * dout.double()).sum(-1).transpose(1, 2).reshape(6, seqlen_q)
+    torch.testing.assert_close(delta[:, :seqlen_q].double(), ref_delta, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse2[:, :seqlen_q], lse.reshape(6, seqlen_q) * 1.4426950408889634)
+    assert (delta[:, seqlen_q:] == 0).all() and (lse2[:, seqlen_q:] == 0).all()

@@ -34,16 +34,19 @@ import triton.language as tl
 from ..._env import INTERPRET
 from .._triton import cdiv, dot, ensure_tma_allocator
 from ._flash_common import LOG2E, kernel_options, key_block_phases, query_block_phases, score_mod, seq_bounds
+from . import flash_bwd_hopper
 from .dropout import dropout_keep
 from .flash_fwd import head_dim_block, tma_compatible
 
 
 @triton.jit
-def _bwd_preprocess_kernel(p_o, p_do, p_delta, p_cu_seqlens_q,
+def _bwd_preprocess_kernel(p_o, p_do, p_delta, p_lse, p_lse2, p_cu_seqlens_q,
                            stride_o_b, stride_o_s, stride_o_h, stride_do_b, stride_do_s, stride_do_h,
-                           stride_delta_b, stride_delta_h, nheads_q, seqlen_q, head_dim,
-                           IS_VARLEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """delta[row] = sum_d dO[row, d] * O[row, d], in fp32."""
+                           stride_delta_b, stride_delta_h, stride_lse_b, stride_lse_h, nheads_q, seqlen_q,
+                           rows_out, head_dim, IS_VARLEN: tl.constexpr, WRITE_LSE2: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """delta[row] = sum_d dO[row, d] * O[row, d], in fp32. WRITE_LSE2 (flash_bwd_hopper's inputs, not varlen):
+    also lse2[row] = lse[row] * log2(e), laid out like delta, both for rows < rows_out (0 past seqlen_q)."""
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
     i_b = i_bh // nheads_q
     i_h = i_bh % nheads_q
@@ -57,7 +60,13 @@ def _bwd_preprocess_kernel(p_o, p_do, p_delta, p_cu_seqlens_q,
     b_o = tl.load(p_o + o_m[:, None] * stride_o_s + o_d[None, :], mask=m_o, other=0.0).to(tl.float32)
     b_do = tl.load(p_do + o_m[:, None] * stride_do_s + o_d[None, :], mask=m_o, other=0.0).to(tl.float32)
     p_delta += i_b64 * stride_delta_b + i_h * stride_delta_h + q_start
-    tl.store(p_delta + o_m, tl.sum(b_o * b_do, 1), mask=o_m < seqlen_q)
+    if WRITE_LSE2:      # padded rows (not varlen: seqlen_q is the batch's)
+        tl.store(p_delta + o_m, tl.sum(b_o * b_do, 1), mask=o_m < rows_out)
+        lse = tl.load(p_lse + i_b64 * stride_lse_b + i_h * stride_lse_h + o_m, mask=o_m < seqlen_q, other=0.0)
+        p_lse2 += i_b64 * stride_delta_b + i_h * stride_delta_h
+        tl.store(p_lse2 + o_m, lse * LOG2E, mask=o_m < rows_out)
+    else:
+        tl.store(p_delta + o_m, tl.sum(b_o * b_do, 1), mask=o_m < seqlen_q)
 
 
 @triton.jit
@@ -455,9 +464,8 @@ def backward_config(head_dim_block: int, dtype: torch.dtype) -> dict:
 # recomputed products save at these tiles. Session 9 measured it again with TMA tiles and dQ added by TMA
 # bulk reduce-adds (one cp.reduce.async.bulk per tile instead of per-thread atomics): still slower, hd128
 # S = 8192 8425 us at its best tile (32 x 128, 8 warps, 3 stages) vs 6704, hd64 8301 vs 7901; the reduce
-# version was removed. Kept (pointer atomics), tested on both tiers. Before
-# turning it on by default: the custom op (interface.py) does not pass flash_attn_func's ``deterministic``
-# down to flash_attn_backward yet, so every call, deterministic=True included, would take the atomic path.
+# version was removed. Kept (pointer atomics), tested on both tiers. On Hopper, deterministic=False takes
+# flash_bwd_hopper's Gluon kernel instead (5 products without the spills: FA3's layout).
 ATOMIC_DQ = False
 
 
@@ -488,6 +496,21 @@ def _tma_applies(q, k, v, dout, head_dim, block_d, is_varlen) -> bool:
     return tma_compatible(q, k, v, dout)
 
 
+# flash_bwd_hopper's Gluon kernel for deterministic=False where it applies (sm_90, triton 3.6); False: never.
+GLUON_BACKWARD = True
+
+
+def _hopper_plan(dout, q, k, v, *, deterministic, is_varlen, extras, seqlen_k):
+    """flash_bwd_hopper's config for this call, or None: deterministic=True (it adds dQ with atomics), the
+    score extras and varlen (not in that kernel), 32-bit inputs, strides TMA cannot take, other GPUs."""
+    if not GLUON_BACKWARD or deterministic or is_varlen or extras or q.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    if not (flash_bwd_hopper.available(q.device) and tma_compatible(q, k, v, dout)
+            and flash_bwd_hopper.descriptor_compatible(q, k, v, dout)):
+        return None
+    return flash_bwd_hopper.hopper_backward_config(q.shape[-1], seqlen_k)
+
+
 # 2048 fp32 per program, 4 warps: 16 elements (four 16-byte vectors) per thread, enough in flight to
 # stream at the copy rate; the whole pass is ~1.5% of the backward at S = 8192 (6 bytes per dQ element).
 _CONVERT_BLOCK = 2048
@@ -502,11 +525,19 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     dout, out and lse.
 
     deterministic=True always takes the no-atomics grid (bit-identical gradients run to run);
-    deterministic=False takes the atomic-dQ grid when ``atomic_dq`` (default: the module's ATOMIC_DQ) is
-    on. ``config`` overrides the tile table of the path taken (backward_config / atomic_backward_config
+    deterministic=False takes flash_bwd_hopper's kernel where _hopper_plan allows it, else the atomic-dQ
+    grid when ``atomic_dq`` (default: the module's ATOMIC_DQ) is on, else the no-atomics grid. ``config`` overrides the tile table of the path taken (backward_config / atomic_backward_config
     keys; for tuning).
     Returns (dq, dk, dv), contiguous, shaped like q, k, v."""
     is_varlen = cu_seqlens_q is not None
+    extras = softcap > 0 or alibi_slopes is not None or attn_bias is not None or dropout_p > 0 or window_left >= 0
+    hopper_cfg = None
+    if config is None and not (q.numel() == 0 or k.numel() == 0):
+        hopper_cfg = _hopper_plan(dout, q, k, v, deterministic=deterministic, is_varlen=is_varlen, extras=extras,
+                                  seqlen_k=k.shape[1])
+    if hopper_cfg is not None:
+        return _hopper_backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, window_right=window_right,
+                                bottom_right=bottom_right, config=hopper_cfg)
     use_atomic = (ATOMIC_DQ if atomic_dq is None else atomic_dq) and not deterministic
     # delta is allocated dense and indexed with lse's strides: a strided lse view (a slice of a longer
     # sequence's lse, as ring attention takes) is copied once so both layouts agree.
@@ -535,8 +566,9 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     delta = torch.empty_like(lse)
     pre_block = 64
     _bwd_preprocess_kernel[(cdiv(seqlen_q, pre_block), batch * nheads_q)](
-        out, dout, delta, cu_seqlens_q if is_varlen else delta, *o_s, *do_s, *lse_strides, nheads_q,
-        seqlen_q, head_dim, IS_VARLEN=is_varlen, BLOCK_M=pre_block, BLOCK_D=block_d)
+        out, dout, delta, lse, delta, cu_seqlens_q if is_varlen else delta, *o_s, *do_s, *lse_strides,
+        *lse_strides, nheads_q, seqlen_q, seqlen_q, head_dim, IS_VARLEN=is_varlen, WRITE_LSE2=False,
+        BLOCK_M=pre_block, BLOCK_D=block_d)
 
     opts = kernel_options(head_dim=head_dim, block_d=block_d, softmax_scale=softmax_scale,
                           window_left=window_left, window_right=window_right, bottom_right=bottom_right,
@@ -545,7 +577,6 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
                           cu_seqlens_k=cu_seqlens_k, dummy=dq)
     group = nheads_q // nheads_k
     if use_atomic:
-        extras = softcap > 0 or alibi_slopes is not None or attn_bias is not None or dropout_p > 0 or window_left >= 0
         cfg = dict(config or atomic_backward_config(block_d, q.dtype, extras))
         stagger, heads_first = cfg.pop("STAGGER", False), cfg.pop("HEADS_FIRST", True)
         cfg.update(BLOCK_M2=cfg["BLOCK_M1"], BLOCK_N2=cfg["BLOCK_N1"])     # unused by this grid
@@ -570,4 +601,35 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     if use_atomic:
         _dq_convert_kernel[(cdiv(dq.numel(), _CONVERT_BLOCK),)](dq_acc, dq, dq.numel(), softmax_scale,
                                                                 BLOCK=_CONVERT_BLOCK, num_warps=4)
+    return dq, dk, dv
+
+
+def hopper_backward_inputs(out, dout, lse, block_m: int):
+    """The preprocess for flash_bwd_hopper: (delta, lse2 = lse * log2(e)), each [batch * nheads_q, rows] fp32
+    with rows = seqlen_q rounded up to block_m, 0 past seqlen_q (the kernel reads whole query blocks)."""
+    batch, seqlen_q, nheads_q, head_dim = out.shape
+    lse = lse.contiguous()
+    rows = cdiv(seqlen_q, block_m) * block_m
+    delta = torch.empty((batch * nheads_q, rows), dtype=torch.float32, device=out.device)
+    lse2 = torch.empty_like(delta)
+    _bwd_preprocess_kernel[(rows // block_m, batch * nheads_q)](
+        out, dout, delta, lse, lse2, delta, *out.stride()[:3], *dout.stride()[:3], nheads_q * rows, rows,
+        *lse.stride()[:2], nheads_q, seqlen_q, rows, head_dim, IS_VARLEN=False, WRITE_LSE2=True,
+        BLOCK_M=block_m, BLOCK_D=triton.next_power_of_2(head_dim))
+    return delta, lse2
+
+
+def _hopper_backward(dout, q, k, v, out, lse, *, softmax_scale, window_right, bottom_right, config):
+    """flash_bwd_hopper's kernel: the kernel adds dQ (unscaled) into a zeroed fp32 buffer, the convert kernel
+    scales and casts it."""
+    delta, lse2 = hopper_backward_inputs(out, dout, lse, config["BLOCK_M"])
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    flash_bwd_hopper.hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale=softmax_scale * flash_bwd_hopper.LOG2E,
+                                     sm_scale=softmax_scale, window_right=window_right, bottom_right=bottom_right,
+                                     config=config)
+    _dq_convert_kernel[(cdiv(dq.numel(), _CONVERT_BLOCK),)](dq_acc, dq, dq.numel(), softmax_scale,
+                                                            BLOCK=_CONVERT_BLOCK, num_warps=4)
     return dq, dk, dv

@@ -348,7 +348,8 @@ def _smem_layout(block_shape, dtype):
 @functools.lru_cache(maxsize=None)
 def _smem_layout_cached(block_shape, dtype):
     # ~11 us uncached, ten lookups per launch: measured as host time at short sequences (session 15)
-    return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
 
 
 def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,

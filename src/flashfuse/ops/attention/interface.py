@@ -36,14 +36,15 @@ MAX_HEAD_DIM = 256
 # q, k, v, then _OPTIONS in this order; the backward op takes dout, q, k, v, out, lse, then the same options.
 _OPTIONS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale",
             "window_left", "window_right", "bottom_right", "softcap", "alibi_slopes", "attn_bias",
-            "dropout_p", "rng_state")
+            "dropout_p", "rng_state", "deterministic")
 
 
 def _flash_attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
                          cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                          softmax_scale: float, window_left: int, window_right: int, bottom_right: bool,
                          softcap: float, alibi_slopes: Optional[Tensor], attn_bias: Optional[Tensor],
-                         dropout_p: float, rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+                         dropout_p: float, rng_state: Optional[Tensor],
+                         deterministic: bool) -> tuple[Tensor, Tensor]:
     return flash_attn_forward(
         q, k, v, softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
         bottom_right=bottom_right, softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
@@ -53,7 +54,7 @@ def _flash_attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional
 
 def _flash_attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                          window_left, window_right, bottom_right, softcap, alibi_slopes, attn_bias, dropout_p,
-                         rng_state):
+                         rng_state, deterministic):
     out = q.new_empty(q.shape)
     if cu_seqlens_q is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
@@ -66,13 +67,14 @@ def _flash_attn_bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
                          cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
                          max_seqlen_k: int, softmax_scale: float, window_left: int, window_right: int,
                          bottom_right: bool, softcap: float, alibi_slopes: Optional[Tensor],
-                         attn_bias: Optional[Tensor], dropout_p: float,
-                         rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+                         attn_bias: Optional[Tensor], dropout_p: float, rng_state: Optional[Tensor],
+                         deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     return flash_attn_backward(
         dout, q, k, v, out, lse, softmax_scale=softmax_scale, window_left=window_left,
         window_right=window_right, bottom_right=bottom_right, softcap=softcap, alibi_slopes=alibi_slopes,
         attn_bias=attn_bias, dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        deterministic=deterministic)
 
 
 def _flash_attn_bwd_fake(dout, q, k, v, out, lse, *options):
@@ -84,19 +86,20 @@ _NO_OPTION_GRADS = (None,) * len(_OPTIONS)
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
-     window_right, bottom_right, softcap, alibi_slopes, attn_bias, dropout_p, rng_state) = inputs
+     window_right, bottom_right, softcap, alibi_slopes, attn_bias, dropout_p, rng_state, deterministic) = inputs
     out, lse = output
     # Optional tensors are saved as they are (save_for_backward takes None); the scalars ride on ctx.
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias, rng_state)
     ctx.scalars = (max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right, bottom_right, softcap)
-    ctx.dropout_p = dropout_p
+    ctx.dropout_p, ctx.deterministic = dropout_p, deterministic
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, _dlse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias, rng_state = ctx.saved_tensors
     dq, dk, dv = _flash_attn_bwd(last_dim_contiguous(dout), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                 *ctx.scalars, alibi_slopes, attn_bias, ctx.dropout_p, rng_state)
+                                 *ctx.scalars, alibi_slopes, attn_bias, ctx.dropout_p, rng_state,
+                                 ctx.deterministic)
     return (dq, dk, dv) + _NO_OPTION_GRADS
 
 
@@ -207,12 +210,12 @@ def _check_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 def _run(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
          softmax_scale, window_left, window_right, bottom_right=True, softcap=0.0, alibi_slopes=None,
-         attn_bias=None, dropout_p=0.0):
+         attn_bias=None, dropout_p=0.0, deterministic=False):
     q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
     rng_state = new_rng_state(q.device) if dropout_p > 0 else None
     return _flash_attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                            window_left, window_right, bottom_right, softcap, alibi_slopes, attn_bias,
-                           float(dropout_p), rng_state)
+                           float(dropout_p), rng_state, bool(deterministic))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -233,9 +236,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     [i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right], -1 = unbounded; softcap > 0:
     scores become softcap * tanh(scores / softcap); alibi_slopes fp32 (nheads,) or (batch, nheads) add
     -slope * |i + seqlen_k - seqlen_q - j|; dropout_p on the probabilities (Philox, regenerated in the
-    backward; seeded from torch's generator). deterministic is accepted for compatibility: the backward
-    never uses atomics, so gradients are always bit-identical run to run. A query row that sees no key
-    gets output 0 (and lse +inf).
+    backward; seeded from torch's generator). deterministic=True: bit-identical gradients run to run
+    (flash_bwd's grid, no atomics); with False, Hopper GPUs may add dQ with fp32 atomics (5 matrix
+    products instead of 7; the last bits of dq vary run to run). A query row that sees no key gets
+    output 0 (and lse +inf).
 
     Returns out (batch, seqlen_q, nheads_q, headdim), or with return_attn_probs=True
     ``(out, softmax_lse (batch, nheads_q, seqlen_q) fp32 natural log, None)``.
@@ -251,7 +255,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         q, batch=q.shape[0], dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
     out, lse = _run(q, k, v, softmax_scale=scale, window_left=left, window_right=right, softcap=softcap,
-                    alibi_slopes=alibi_slopes, dropout_p=dropout_p)
+                    alibi_slopes=alibi_slopes, dropout_p=dropout_p, deterministic=deterministic)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -295,7 +299,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     out, lse = _run(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                     max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), softmax_scale=scale,
                     window_left=left, window_right=right, softcap=softcap, alibi_slopes=alibi_slopes,
-                    dropout_p=dropout_p)
+                    dropout_p=dropout_p, deterministic=deterministic)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -364,7 +368,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is not None:
         bias = _mask_to_bias(attn_mask, q, k, squeeze)
     out, _ = _run(q, k, v, softmax_scale=scale, window_left=left, window_right=right,
-                  bottom_right=False, attn_bias=bias, dropout_p=dropout_p)
+                  bottom_right=False, attn_bias=bias, dropout_p=dropout_p,
+                  deterministic=torch.are_deterministic_algorithms_enabled())
     out = out.transpose(1, 2)
     return out[0] if squeeze else out
 

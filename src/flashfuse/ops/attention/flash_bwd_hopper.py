@@ -1,0 +1,287 @@
+"""FlashAttention backward for Hopper in Gluon, warp-specialized (FlashAttention-3's scheme): 5 matrix products
+per tile instead of flash_bwd's 7, dQ added into an fp32 buffer by TMA reduce-adds.
+
+The math is flash_bwd's (see its docstring). One program owns a block of BLOCK_N keys of one kv head and keeps
+K, V and the dK, dV accumulators on chip while it walks the query blocks that see those keys (every query head
+of its GQA group). Per query block of BLOCK_M rows, with scores in the transposed layout (keys are the rows,
+so P^T and dS^T land in registers as the A operands of their products):
+
+    S^T   = K Q^T                 [BLOCK_N, BLOCK_M]   wgmma, async
+    dP^T  = V dO^T                [BLOCK_N, BLOCK_M]   wgmma, async
+    P^T   = exp2(S^T * scale * log2(e) - lse2)         (lse2 = lse * log2(e), per query: a column vector)
+    dV   += P^T dO                [BLOCK_N, D]         issued as soon as P^T exists; dP^T still running
+    dS^T  = P^T * (dP^T - delta)                       (delta = rowsum(dO * O), flash_bwd's preprocess)
+    dK   += dS^T Q                [BLOCK_N, D]
+    dQ_j  = dS K = (dS^T)^T K     [BLOCK_M, D]         dS^T through shared memory (both warpgroups' keys)
+    dQ   += dQ_j                                        TMA reduce-add (fp32) into a zeroed [B, S, H, D] buffer
+
+and at the end dK * scale, dV leave through K / V's shared memory by TMA; dQ = buffer * scale in dQ's dtype
+(flash_bwd's convert kernel). A producer warp streams Q, dO and their lse2 / delta rows by TMA into
+NUM_STAGES slots (one mbarrier pair per slot); the consumer is one 8-warp partition (two warpgroups, 64 keys
+each, the dQ product split by head-dim halves), with 240 registers per thread (dK and dV alone take 128).
+
+dQ's summation order over key blocks varies run to run (atomics), so deterministic=True keeps flash_bwd's
+grid. Scope as flash_fwd_hopper: 16-bit inputs, head dim 64 or 128, no dropout / ALiBi / softcap / bias / left
+window / varlen; a right window (causal) and GQA are in. Used only on the triton release it was written and
+measured against (flash_fwd_hopper.GLUON_TRITON); flash_bwd's Triton grid everywhere else.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._triton import cdiv
+from . import flash_fwd_hopper
+from .flash_fwd_hopper import _smem_layout, gluon
+
+LOG2E = flash_fwd_hopper.LOG2E
+# Where this kernel can run and which tensors its host-side descriptors take: as the forward's.
+available = flash_fwd_hopper.available
+descriptor_compatible = flash_fwd_hopper.descriptor_compatible
+
+if gluon is not None:
+    from triton._C.libtriton import ir
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language._core import builtin
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                  warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .flash_fwd_hopper import _tma_box
+
+    @builtin
+    def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """dst[box at coord] += src (a shared-memory tile), one bulk TMA reduction (cp.reduce.async.bulk.tensor);
+        completes like a TMA store (tma.store_wait). Triton 3.6 has the op but no Gluon wrapper for it."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                  src.handle)
+
+    @gluon.jit
+    def _query_range(i_n, seqlen_q, seqlen_k, window_right, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Key block i_n -> (first query block that sees any of its keys, number of query blocks from there).
+        Query q sees key k iff k <= q + off + window_right (off = seqlen_k - seqlen_q when bottom-right)."""
+        n_m = gl.cdiv(seqlen_q, BLOCK_M)
+        m_first = 0
+        if HAS_RIGHT:
+            off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+            m_first = gl.minimum(gl.maximum(i_n * BLOCK_N - off - window_right, 0) // BLOCK_M, n_m)
+        return m_first, n_m - m_first
+
+    @gluon.jit
+    def _bwd_producer(descs, smem, bars, shape, window_right, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                      NUM_STAGES: gl.constexpr):
+        """One warp: K and V once, then per step (query head of the group, query block) Q + lse2 and dO + delta
+        into slot i % NUM_STAGES once the consumer released it."""
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs
+        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
+        kv_ready, q_ready, do_ready, empty = bars
+        nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
+        i_n = gl.program_id(0)
+        i_b = gl.program_id(1) // nheads_k
+        i_hk = gl.program_id(1) % nheads_k
+        mbarrier.expect(kv_ready, 2 * BLOCK_N * HEAD_DIM * 2)
+        tma.async_copy_global_to_shared(k_desc, [i_b, i_n * BLOCK_N, i_hk, 0], kv_ready, _tma_box(k_smem, k_desc))
+        tma.async_copy_global_to_shared(v_desc, [i_b, i_n * BLOCK_N, i_hk, 0], kv_ready, _tma_box(v_smem, v_desc))
+        m_first, n_steps = _query_range(i_n, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
+                                        BLOCK_N)
+        for i in range(group * n_steps):
+            i_h = i_hk * group + i // n_steps
+            m0 = (m_first + i % n_steps) * BLOCK_M
+            slot = i % NUM_STAGES
+            mbarrier.wait(empty.index(slot), ((i // NUM_STAGES) & 1) ^ 1)    # the first pass finds slots free
+            mbarrier.expect(q_ready.index(slot), BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
+            tma.async_copy_global_to_shared(q_desc, [i_b, m0, i_h, 0], q_ready.index(slot),
+                                            _tma_box(q_smem.index(slot), q_desc))
+            tma.async_copy_global_to_shared(lse_desc, [i_b * nheads_q + i_h, m0], q_ready.index(slot),
+                                            _tma_box(lse_smem.index(slot), lse_desc))
+            mbarrier.expect(do_ready.index(slot), BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
+            tma.async_copy_global_to_shared(do_desc, [i_b, m0, i_h, 0], do_ready.index(slot),
+                                            _tma_box(do_smem.index(slot), do_desc))
+            tma.async_copy_global_to_shared(delta_desc, [i_b * nheads_q + i_h, m0], do_ready.index(slot),
+                                            _tma_box(delta_smem.index(slot), delta_desc))
+
+    @gluon.jit
+    def _bwd_consumer(descs, smem, bars, shape, window_right, qk_scale, sm_scale, HAS_RIGHT: gl.constexpr,
+                      BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+        """Eight warps (two warpgroups of BLOCK_N / 2 keys each): the schedule in the module docstring. The slot
+        is released once every product reading it is done; dQ_j leaves through one of two fp32 slots."""
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs
+        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
+        kv_ready, q_ready, do_ready, empty = bars
+        nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
+        dtype: gl.constexpr = q_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                           instr_shape=[16, BLOCK_M, 16])
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                            instr_shape=[16, HEAD_DIM, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                            instr_shape=[16, HEAD_DIM // 2, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+        cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)      # one value per query (column)
+        i_n = gl.program_id(0)
+        i_b = gl.program_id(1) // nheads_k
+        i_hk = gl.program_id(1) % nheads_k
+        n0 = i_n * BLOCK_N
+        off = 0
+        if BOTTOM_RIGHT:
+            off = seqlen_k - seqlen_q
+        m_first, n_steps = _query_range(i_n, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
+                                        BLOCK_N)
+        keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+        zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
+        zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        mbarrier.wait(kv_ready, 0)
+        for i in range(group * n_steps):
+            i_h = i_hk * group + i // n_steps
+            m0 = (m_first + i % n_steps) * BLOCK_M
+            slot = i % NUM_STAGES
+            phase = (i // NUM_STAGES) & 1
+            q = q_smem.index(slot)
+            do = do_smem.index(slot)
+            mbarrier.wait(q_ready.index(slot), phase)
+            st_tok = warpgroup_mma(k_smem, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            mbarrier.wait(do_ready.index(slot), phase)
+            dpt_tok = warpgroup_mma(v_smem, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok, ))
+            lse2 = lse_smem.index(slot).load(cols_layout)
+            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+            # Keys past seqlen_k (zero-filled K rows) and, under a right window, keys after a query's last
+            # visible one: P = 0. Other blocks need no mask (rows past seqlen_q read zero-filled dO, delta = 0).
+            need_mask = n0 + BLOCK_N > seqlen_k
+            if HAS_RIGHT:
+                need_mask = need_mask | (m0 + off + window_right < n0 + BLOCK_N - 1)
+            if need_mask:
+                queries = m0 + gl.arange(0, BLOCK_M, layout=cols_layout)
+                visible = gl.expand_dims(keys < seqlen_k, 1)
+                if HAS_RIGHT:
+                    visible = visible & (gl.expand_dims(keys, 1) <= gl.expand_dims(queries + off + window_right, 0))
+                pt = gl.where(visible, pt, 0.0)
+            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+            dv_tok = warpgroup_mma(pt_op, do, dv, is_async=True)
+            dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt_tok, ))       # dV still running
+            delta = delta_smem.index(slot).load(cols_layout)
+            dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+            ds_smem.store(dst)
+            dst_op = gl.convert_layout(dst, op_layout)
+            dk_tok = warpgroup_mma(dst_op, q, dk, is_async=True)
+            # TMA's bulk groups belong to the thread that issued them: it waits here, and the barrier tells the
+            # others that the reduce-add which last read dq_smem[i % 2] (two steps ago) is done.
+            tma.store_wait(pendings=1)
+            fence_async_shared()
+            gl.thread_barrier()             # both warpgroups' dS^T rows are in ds_smem
+            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True)
+            dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dq_tok))
+            mbarrier.arrive(empty.index(slot), count=1)
+            dq_buf = dq_smem.index(i % 2)
+            dq_buf.store(dq)
+            fence_async_shared()
+            gl.thread_barrier()
+            _tma_reduce_add(dq_desc, [i_b, m0, i_h, 0], _tma_box(dq_buf, dq_desc))   # rows past seqlen_q dropped
+        # dK = scale * sum dS^T Q (the softmax scale was left out of dS), dV as is; K / V's tiles are free now.
+        k_smem.store((dk * sm_scale).to(dtype))
+        v_smem.store(dv.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(dk_desc, [i_b, n0, i_hk, 0], _tma_box(k_smem, dk_desc))
+        tma.async_copy_shared_to_global(dv_desc, [i_b, n0, i_hk, 0], _tma_box(v_smem, dv_desc))
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _flash_bwd_hopper_kernel(
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
+        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_right,
+        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr,
+        DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):
+        # Host-side TMA descriptors: q, do [batch, seqlen_q, nheads_q, HEAD_DIM] (boxes [1, BLOCK_M, 1, HEAD_DIM]),
+        # k, v, dk, dv [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]), dq: the fp32
+        # buffer shaped like q; lse2, delta [batch * nheads_q, seqlen_q rounded up to BLOCK_M] fp32 (boxes
+        # [1, BLOCK_M]). Grid (cdiv(seqlen_k, BLOCK_N), batch * nheads_k). num_warps = 8 is the consumer (the
+        # default partition); the producer warp is the worker.
+        gl.static_assert(num_warps == 8)
+        gl.static_assert(BLOCK_N == 128)
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
+        do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
+        k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], KV_SMEM)
+        v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], KV_SMEM)
+        # lse2 / delta rows: plain (unswizzled) rows, seen by TMA as its [1, BLOCK_M] box (_tma_box)
+        vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], vec_smem)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], vec_smem)
+        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], DS_SMEM)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], DQ_SMEM)
+        kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_ready, count=1)
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(do_ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+
+        descs = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc)
+        smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
+        bars = (kv_ready, q_ready, do_ready, empty)
+        shape = (nheads_q, nheads_k, nheads_q // nheads_k, seqlen_q, seqlen_k)
+        gl.warp_specialize([
+            (_bwd_consumer, (descs, smem, bars, shape, window_right, qk_scale, sm_scale, HAS_RIGHT, BOTTOM_RIGHT,
+                             BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+            (_bwd_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M, BLOCK_N,
+                             HEAD_DIM, NUM_STAGES)),
+        ], [1], [24])
+
+
+_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, num_warps=8)
+
+# head dim -> config; shorter key loops / other head dims stay on flash_bwd's grid.
+HOPPER_BWD_CONFIGS = {64: _CONFIG, 128: _CONFIG}
+# Shortest key loop this kernel takes.
+HOPPER_BWD_MIN_SEQLEN_K = 0
+
+
+def hopper_backward_config(head_dim: int, seqlen_k: int):
+    """This file's config for a call, or None where flash_bwd's grid is used."""
+    config = HOPPER_BWD_CONFIGS.get(head_dim)
+    if config is None or seqlen_k < HOPPER_BWD_MIN_SEQLEN_K:
+        return None
+    return dict(config)
+
+
+def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_scale, window_right,
+                    bottom_right, config):
+    """Launch on validated inputs: q, k, v, dout [batch, seqlen, heads, head dim] 16-bit with 16-byte aligned
+    strides; lse2, delta from flash_bwd.hopper_backward_inputs; dq_acc zeroed fp32 shaped like q;
+    dk, dv shaped like k, v."""
+    batch, seqlen_q, nheads_q, head_dim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    cfg = dict(config)
+    block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
+    torch.cuda.is_current_stream_capturing()        # binds the CUDA context first (flash_fwd_hopper)
+
+    def desc(t, seqlen, heads, box):
+        return TensorDescriptor(t, [batch, seqlen, heads, head_dim], list(t.stride()), [1, box, 1, head_dim],
+                                _smem_layout([1, box, 1, head_dim], t.dtype))
+
+    vec_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    vec_descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block_m], vec_layout) for t in (lse2, delta)]
+    grid = (cdiv(seqlen_k, block_n), batch * nheads_k)
+    _flash_bwd_hopper_kernel[grid](
+        desc(q, seqlen_q, nheads_q, block_m), desc(k, seqlen_k, nheads_k, block_n),
+        desc(v, seqlen_k, nheads_k, block_n), desc(dout, seqlen_q, nheads_q, block_m), *vec_descs,
+        desc(dq_acc, seqlen_q, nheads_q, block_m), desc(dk, seqlen_k, nheads_k, block_n),
+        desc(dv, seqlen_k, nheads_k, block_n),
+        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_right,
+        HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
+        Q_SMEM=_smem_layout([block_m, head_dim], q.dtype), KV_SMEM=_smem_layout([block_n, head_dim], q.dtype),
+        DS_SMEM=_smem_layout([block_n, block_m], q.dtype), DQ_SMEM=_smem_layout([block_m, head_dim], torch.float32),
+        **cfg)
