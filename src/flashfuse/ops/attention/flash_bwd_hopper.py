@@ -70,21 +70,15 @@ if gluon is not None:
         return m_first, n_m - m_first
 
     @gluon.jit
-    def _step(i, i_hk, group, m_first, n_steps, i_n, ROTATE: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr):
-        """Step i of key block i_n's walk -> (query head, first query row): the group's heads one after the other,
-        each over query blocks [m_first, m_first + n_steps). ROTATE: key block i_n starts its walk at the query
-        rows beside its own keys (wrapping around), so the programs of one head do not all add into the same dQ
-        rows at the same time."""
-        j = i % n_steps
-        if ROTATE:
-            j = (j + i_n * (BLOCK_N // BLOCK_M)) % n_steps
-        return i_hk * group + i // n_steps, (m_first + j) * BLOCK_M
+    def _step(i, i_hk, group, m_first, n_steps, BLOCK_M: gl.constexpr):
+        """Step i of a key block's walk -> (query head, first query row): the group's heads one after the other,
+        each over query blocks [m_first, m_first + n_steps). (Starting each key block's walk at its own diagonal,
+        so that the programs of one head add into different dQ rows at a time, measured slower: session 16.)"""
+        return i_hk * group + i // n_steps, (m_first + i % n_steps) * BLOCK_M
 
     @gluon.jit
     def _bwd_producer(descs, smem, bars, shape, window_right, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                      ROTATE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                      NUM_STAGES: gl.constexpr):
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
         """One warp: K and V once, then per step (query head of the group, query block) Q + lse2 and dO + delta
         into slot i % NUM_STAGES once the consumer released it."""
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs
@@ -100,7 +94,7 @@ if gluon is not None:
         m_first, n_steps = _query_range(i_n, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
                                         BLOCK_N)
         for i in range(group * n_steps):
-            i_h, m0 = _step(i, i_hk, group, m_first, n_steps, i_n, ROTATE, BLOCK_M, BLOCK_N)
+            i_h, m0 = _step(i, i_hk, group, m_first, n_steps, BLOCK_M)
             slot = i % NUM_STAGES
             mbarrier.wait(empty.index(slot), ((i // NUM_STAGES) & 1) ^ 1)    # the first pass finds slots free
             mbarrier.expect(q_ready.index(slot), BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
@@ -116,7 +110,7 @@ if gluon is not None:
 
     @gluon.jit
     def _bwd_consumer(descs, smem, bars, shape, window_right, qk_scale, sm_scale, HAS_RIGHT: gl.constexpr,
-                      BOTTOM_RIGHT: gl.constexpr, ROTATE: gl.constexpr, DEFER_DQ: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
         """Eight warps (two warpgroups of BLOCK_N / 2 keys each): the schedule in the module docstring. The slot
         is released once every product reading it is done; dQ_j leaves through one of two fp32 slots."""
@@ -148,9 +142,8 @@ if gluon is not None:
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
         mbarrier.wait(kv_ready, 0)
-        dq = zero_dq                        # DEFER_DQ: dQ_{i-1}, stored while S^T_i and dP^T_i run
         for i in range(group * n_steps):
-            i_h, m0 = _step(i, i_hk, group, m_first, n_steps, i_n, ROTATE, BLOCK_M, BLOCK_N)
+            i_h, m0 = _step(i, i_hk, group, m_first, n_steps, BLOCK_M)
             slot = i % NUM_STAGES
             phase = (i // NUM_STAGES) & 1
             q = q_smem.index(slot)
@@ -159,14 +152,6 @@ if gluon is not None:
             st_tok = warpgroup_mma(k_smem, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             mbarrier.wait(do_ready.index(slot), phase)
             dpt_tok = warpgroup_mma(v_smem, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            if DEFER_DQ & (i > 0):
-                # dQ_{i-1} -> dq_smem[0] (free: the end of step i - 1 waited for the reduce-add that last read it)
-                # -> TMA reduce-add, while the tensor cores run S^T_i and dP^T_i.
-                i_h_prev, m0_prev = _step(i - 1, i_hk, group, m_first, n_steps, i_n, ROTATE, BLOCK_M, BLOCK_N)
-                dq_smem.index(0).store(dq)
-                fence_async_shared()
-                gl.thread_barrier()
-                _tma_reduce_add(dq_desc, [i_b, m0_prev, i_h_prev, 0], _tma_box(dq_smem.index(0), dq_desc))
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok, ))
             lse2 = lse_smem.index(slot).load(cols_layout)
             pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
@@ -193,24 +178,17 @@ if gluon is not None:
             gl.thread_barrier()             # both warpgroups' dS^T rows are in ds_smem
             dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True)
             dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dq_tok))
-            if not DEFER_DQ:
-                # dQ_i -> dq_smem[i % 2], whose last reader (the reduce-add of dQ_{i-2}) the wait below at the end
-                # of step i - 1 saw done.
-                dq_smem.index(i % 2).store(dq)
-                fence_async_shared()
+            # dQ_i -> dq_smem[i % 2], whose last reader (the reduce-add of dQ_{i-2}) the wait below at the end of
+            # step i - 1 saw done. (Storing dQ_{i-1} while S^T_i and dP^T_i run instead spills at hd128 and measured
+            # slower at hd64: session 16.)
+            dq_smem.index(i % 2).store(dq)
+            fence_async_shared()
             # TMA bulk groups belong to the thread that issued them: it waits here for the reduce-add issued a
-            # step's products ago, and the barrier inside arrive tells the other threads.
+            # step's products ago, and the barrier inside arrive (all 8 warps) tells the other threads; it also
+            # orders the dQ_i stores above before the reduce-add below.
             tma.store_wait(pendings=0)
             mbarrier.arrive(empty.index(slot), count=1)
-            if not DEFER_DQ:
-                _tma_reduce_add(dq_desc, [i_b, m0, i_h, 0], _tma_box(dq_smem.index(i % 2), dq_desc))
-        if DEFER_DQ & (group * n_steps > 0):
-            last = group * n_steps - 1
-            i_h_prev, m0_prev = _step(last, i_hk, group, m_first, n_steps, i_n, ROTATE, BLOCK_M, BLOCK_N)
-            dq_smem.index(0).store(dq)
-            fence_async_shared()
-            gl.thread_barrier()
-            _tma_reduce_add(dq_desc, [i_b, m0_prev, i_h_prev, 0], _tma_box(dq_smem.index(0), dq_desc))
+            _tma_reduce_add(dq_desc, [i_b, m0, i_h, 0], _tma_box(dq_smem.index(i % 2), dq_desc))   # rows past seqlen_q dropped
         # dK = scale * sum dS^T Q (the softmax scale was left out of dS), dV as is; K / V's tiles are free now.
         k_smem.store((dk * sm_scale).to(dtype))
         v_smem.store(dv.to(dtype))
@@ -224,10 +202,9 @@ if gluon is not None:
     def _flash_bwd_hopper_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_right,
-        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, ROTATE: gl.constexpr, DEFER_DQ: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr,
-        DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr,
-        num_warps: gl.constexpr,
+        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr,
+        DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr, num_warps: gl.constexpr,
     ):
         # Host-side TMA descriptors: q, do [batch, seqlen_q, nheads_q, HEAD_DIM] (boxes [1, BLOCK_M, 1, HEAD_DIM]),
         # k, v, dk, dv [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]), dq: the fp32
@@ -246,7 +223,7 @@ if gluon is not None:
         lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], vec_smem)
         delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], vec_smem)
         ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], DS_SMEM)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [1 if DEFER_DQ else 2, BLOCK_M, HEAD_DIM], DQ_SMEM)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], DQ_SMEM)
         kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -263,13 +240,13 @@ if gluon is not None:
         shape = (nheads_q, nheads_k, nheads_q // nheads_k, seqlen_q, seqlen_k)
         gl.warp_specialize([
             (_bwd_consumer, (descs, smem, bars, shape, window_right, qk_scale, sm_scale, HAS_RIGHT, BOTTOM_RIGHT,
-                             ROTATE, DEFER_DQ, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
-            (_bwd_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, ROTATE, BLOCK_M,
+                             BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+            (_bwd_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
                              BLOCK_N, HEAD_DIM, NUM_STAGES)),
         ], [1], [24])
 
 
-_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, ROTATE=False, DEFER_DQ=False, num_warps=8)
+_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, num_warps=8)
 
 # head dim -> config; shorter key loops / other head dims stay on flash_bwd's grid.
 HOPPER_BWD_CONFIGS = {64: _CONFIG, 128: _CONFIG}
