@@ -169,16 +169,20 @@ def test_hopper_backward_plan(monkeypatch):
 
 
 @pytest.mark.parametrize("seqlen_q, block_m", [(77, 64), (128, 64), (1, 32)])
-def test_hopper_backward_inputs(seqlen_q, block_m):
+def test_hopper_backward_inputs(monkeypatch, seqlen_q, block_m):
     """The preprocess in flash_bwd_hopper's layout: delta = rowsum(dO * O) and lse2 = lse * log2(e) as
     [batch * nheads, seqlen_q rounded up to block_m] rows, exactly 0 in the padding (a whole query block is
-    read; +inf lse of rows with no key stays +inf)."""
+    read; +inf lse of rows with no key stays +inf), and the fp32 dQ buffer zeroed (it is filled with NaN first)."""
     from flashfuse.ops.attention import flash_bwd
 
     out, dout = torch.randn(2, seqlen_q, 3, 40), torch.randn(2, seqlen_q, 3, 40)
     lse = torch.randn(2, 3, seqlen_q)
     lse[0, 1, 0] = float("inf")
-    delta, lse2 = flash_bwd.hopper_backward_inputs(out, dout, lse, block_m)
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))  # no zero by accident
+    delta, lse2, dq_acc = flash_bwd.hopper_backward_inputs(out, dout, lse, block_m)
+    monkeypatch.undo()
+    assert dq_acc.shape == out.shape and dq_acc.dtype == torch.float32 and (dq_acc == 0).all()
     rows = -(-seqlen_q // block_m) * block_m
     assert delta.shape == lse2.shape == (6, rows)
     ref_delta = (out.double() * dout.double()).sum(-1).transpose(1, 2).reshape(6, seqlen_q)

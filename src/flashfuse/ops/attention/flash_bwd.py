@@ -40,13 +40,14 @@ from .flash_fwd import head_dim_block, tma_compatible
 
 
 @triton.jit
-def _bwd_preprocess_kernel(p_o, p_do, p_delta, p_lse, p_lse2, p_cu_seqlens_q,
+def _bwd_preprocess_kernel(p_o, p_do, p_delta, p_lse, p_lse2, p_dqa, p_cu_seqlens_q,
                            stride_o_b, stride_o_s, stride_o_h, stride_do_b, stride_do_s, stride_do_h,
-                           stride_delta_b, stride_delta_h, stride_lse_b, stride_lse_h, nheads_q, seqlen_q,
-                           rows_out, head_dim, IS_VARLEN: tl.constexpr, WRITE_LSE2: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                           stride_delta_b, stride_delta_h, stride_lse_b, stride_lse_h, stride_dqa_b, stride_dqa_s,
+                           stride_dqa_h, nheads_q, seqlen_q, rows_out, head_dim, IS_VARLEN: tl.constexpr,
+                           WRITE_LSE2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """delta[row] = sum_d dO[row, d] * O[row, d], in fp32. WRITE_LSE2 (flash_bwd_hopper's inputs, not varlen):
-    also lse2[row] = lse[row] * log2(e), laid out like delta, both for rows < rows_out (0 past seqlen_q)."""
+    also lse2[row] = lse[row] * log2(e), laid out like delta, both for rows < rows_out (0 past seqlen_q), and
+    the fp32 dQ buffer's rows zeroed."""
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
     i_b = i_bh // nheads_q
     i_h = i_bh % nheads_q
@@ -65,6 +66,8 @@ def _bwd_preprocess_kernel(p_o, p_do, p_delta, p_lse, p_lse2, p_cu_seqlens_q,
         lse = tl.load(p_lse + i_b64 * stride_lse_b + i_h * stride_lse_h + o_m, mask=o_m < seqlen_q, other=0.0)
         p_lse2 += i_b64 * stride_delta_b + i_h * stride_delta_h
         tl.store(p_lse2 + o_m, lse * LOG2E, mask=o_m < rows_out)
+        p_dqa += i_b64 * stride_dqa_b + i_h * stride_dqa_h
+        tl.store(p_dqa + o_m[:, None] * stride_dqa_s + o_d[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=m_o)
     else:
         tl.store(p_delta + o_m, tl.sum(b_o * b_do, 1), mask=o_m < seqlen_q)
 
@@ -566,8 +569,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     delta = torch.empty_like(lse)
     pre_block = 64
     _bwd_preprocess_kernel[(cdiv(seqlen_q, pre_block), batch * nheads_q)](
-        out, dout, delta, lse, delta, cu_seqlens_q if is_varlen else delta, *o_s, *do_s, *lse_strides,
-        *lse_strides, nheads_q, seqlen_q, seqlen_q, head_dim, IS_VARLEN=is_varlen, WRITE_LSE2=False,
+        out, dout, delta, lse, delta, delta, cu_seqlens_q if is_varlen else delta, *o_s, *do_s, *lse_strides,
+        *lse_strides, 0, 0, 0, nheads_q, seqlen_q, seqlen_q, head_dim, IS_VARLEN=is_varlen, WRITE_LSE2=False,
         BLOCK_M=pre_block, BLOCK_D=block_d)
 
     opts = kernel_options(head_dim=head_dim, block_d=block_d, softmax_scale=softmax_scale,
@@ -605,31 +608,28 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
 
 
 def hopper_backward_inputs(out, dout, lse, block_m: int):
-    """The preprocess for flash_bwd_hopper: (delta, lse2 = lse * log2(e)), each [batch * nheads_q, rows] fp32
-    with rows = seqlen_q rounded up to block_m, 0 past seqlen_q (the kernel reads whole query blocks)."""
+    """The preprocess for flash_bwd_hopper: (delta, lse2 = lse * log2(e), dq_acc). delta and lse2 are
+    [batch * nheads_q, rows] fp32 with rows = seqlen_q rounded up to block_m, 0 past seqlen_q (the kernel reads
+    whole query blocks); dq_acc is the zeroed fp32 dQ buffer, shaped like out."""
     batch, seqlen_q, nheads_q, head_dim = out.shape
     lse = lse.contiguous()
     rows = cdiv(seqlen_q, block_m) * block_m
     delta = torch.empty((batch * nheads_q, rows), dtype=torch.float32, device=out.device)
     lse2 = torch.empty_like(delta)
+    dq_acc = torch.empty(out.shape, dtype=torch.float32, device=out.device)
     _bwd_preprocess_kernel[(rows // block_m, batch * nheads_q)](
-        out, dout, delta, lse, lse2, delta, *out.stride()[:3], *dout.stride()[:3], nheads_q * rows, rows,
-        *lse.stride()[:2], nheads_q, seqlen_q, rows, head_dim, IS_VARLEN=False, WRITE_LSE2=True,
-        BLOCK_M=block_m, BLOCK_D=triton.next_power_of_2(head_dim))
-    return delta, lse2
+        out, dout, delta, lse, lse2, dq_acc, delta, *out.stride()[:3], *dout.stride()[:3], nheads_q * rows, rows,
+        *lse.stride()[:2], *dq_acc.stride()[:3], nheads_q, seqlen_q, rows, head_dim, IS_VARLEN=False,
+        WRITE_LSE2=True, BLOCK_M=block_m, BLOCK_D=triton.next_power_of_2(head_dim))
+    return delta, lse2, dq_acc
 
 
 def _hopper_backward(dout, q, k, v, out, lse, *, softmax_scale, window_right, bottom_right, config):
-    """flash_bwd_hopper's kernel: the kernel adds dQ (unscaled) into a zeroed fp32 buffer, the convert kernel
-    scales and casts it."""
-    delta, lse2 = hopper_backward_inputs(out, dout, lse, config["BLOCK_M"])
-    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    """flash_bwd_hopper's kernel: it adds dQ (scaled) into the fp32 buffer, cast to dq's dtype after."""
+    delta, lse2, dq_acc = hopper_backward_inputs(out, dout, lse, config["BLOCK_M"])
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    flash_bwd_hopper.hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale=softmax_scale * flash_bwd_hopper.LOG2E,
-                                     sm_scale=softmax_scale, window_right=window_right, bottom_right=bottom_right,
-                                     config=config)
-    _dq_convert_kernel[(cdiv(dq.numel(), _CONVERT_BLOCK),)](dq_acc, dq, dq.numel(), softmax_scale,
-                                                            BLOCK=_CONVERT_BLOCK, num_warps=4)
-    return dq, dk, dv
+    flash_bwd_hopper.hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv,
+                                     qk_scale=softmax_scale * flash_bwd_hopper.LOG2E, sm_scale=softmax_scale,
+                                     window_right=window_right, bottom_right=bottom_right, config=config)
+    return dq_acc.to(q.dtype), dk, dv

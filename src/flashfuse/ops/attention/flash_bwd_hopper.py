@@ -15,8 +15,8 @@ so P^T and dS^T land in registers as the A operands of their products):
     dQ_j  = dS K = (dS^T)^T K     [BLOCK_M, D]         dS^T through shared memory (both warpgroups' keys)
     dQ   += dQ_j                                        TMA reduce-add (fp32) into a zeroed [B, S, H, D] buffer
 
-and at the end dK * scale, dV leave through K / V's shared memory by TMA; dQ = buffer * scale in dQ's dtype
-(flash_bwd's convert kernel). A producer warp streams Q, dO and their lse2 / delta rows by TMA into
+with the softmax scale folded into dS (so dK and dQ need no final scaling); at the end dK, dV leave through
+K / V's shared memory by TMA, and dQ is the buffer cast to dQ's dtype. A producer warp streams Q, dO and their lse2 / delta rows by TMA into
 NUM_STAGES slots (one mbarrier pair per slot); the consumer is one 8-warp partition (two warpgroups, 64 keys
 each, the dQ product split by head-dim halves), with 240 registers per thread (dK and dV alone take 128).
 
@@ -32,7 +32,7 @@ import torch
 
 from .._triton import cdiv
 from . import flash_fwd_hopper
-from .flash_fwd_hopper import _smem_layout, gluon
+from .flash_fwd_hopper import _smem_layout, gluon, host_descriptor
 
 LOG2E = flash_fwd_hopper.LOG2E
 # Where this kernel can run and which tensors its host-side descriptors take: as the forward's.
@@ -45,7 +45,6 @@ if gluon is not None:
     from triton.experimental.gluon.language._core import builtin
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                   warpgroup_mma, warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .flash_fwd_hopper import _tma_box
 
@@ -170,7 +169,8 @@ if gluon is not None:
             dv_tok = warpgroup_mma(pt_op, do, dv, is_async=True)
             dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt_tok, ))       # dV still running
             delta = delta_smem.index(slot).load(cols_layout)
-            dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+            # dS^T with the softmax scale folded in (dK and dQ both carry it): scale * dP^T - scale * delta is an FMA.
+            dst = (pt * (dpt * sm_scale - gl.expand_dims(delta * sm_scale, 0))).to(dtype)
             ds_smem.store(dst)
             dst_op = gl.convert_layout(dst, op_layout)
             dk_tok = warpgroup_mma(dst_op, q, dk, is_async=True)
@@ -189,8 +189,8 @@ if gluon is not None:
             tma.store_wait(pendings=0)
             mbarrier.arrive(empty.index(slot), count=1)
             _tma_reduce_add(dq_desc, [i_b, m0, i_h, 0], _tma_box(dq_smem.index(i % 2), dq_desc))   # rows past seqlen_q dropped
-        # dK = scale * sum dS^T Q (the softmax scale was left out of dS), dV as is; K / V's tiles are free now.
-        k_smem.store((dk * sm_scale).to(dtype))
+        # dK, dV leave through K / V's tiles (free now).
+        k_smem.store(dk.to(dtype))
         v_smem.store(dv.to(dtype))
         fence_async_shared()
         gl.thread_barrier()
@@ -246,6 +246,9 @@ if gluon is not None:
         ], [1], [24])
 
 
+# lse2 / delta rows: TMA boxes [1, BLOCK_M] fp32, unswizzled.
+_VEC_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2) if gluon is not None else None
+
 _CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, num_warps=8)
 
 # head dim -> config; shorter key loops / other head dims stay on flash_bwd's grid.
@@ -274,11 +277,10 @@ def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_
     torch.cuda.is_current_stream_capturing()        # binds the CUDA context first (flash_fwd_hopper)
 
     def desc(t, seqlen, heads, box):
-        return TensorDescriptor(t, [batch, seqlen, heads, head_dim], list(t.stride()), [1, box, 1, head_dim],
-                                _smem_layout([1, box, 1, head_dim], t.dtype))
+        return host_descriptor(t, [batch, seqlen, heads, head_dim], list(t.stride()), [1, box, 1, head_dim],
+                               _smem_layout([1, box, 1, head_dim], t.dtype))
 
-    vec_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-    vec_descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block_m], vec_layout) for t in (lse2, delta)]
+    vec_descs = [host_descriptor(t, list(t.shape), list(t.stride()), [1, block_m], _VEC_LAYOUT) for t in (lse2, delta)]
     grid = (cdiv(seqlen_k, block_n), batch * nheads_k)
     _flash_bwd_hopper_kernel[grid](
         desc(q, seqlen_q, nheads_q, block_m), desc(k, seqlen_k, nheads_k, block_n),

@@ -352,6 +352,16 @@ def _smem_layout_cached(block_shape, dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
 
 
+def host_descriptor(base, shape, strides, block_shape, layout):
+    """A host-side TensorDescriptor without its constructor's checks (~4 us each, up to nine per call, measured as
+    host time at short sequences: session 16). The launchers have checked what they check (tma_compatible: 16-byte
+    aligned base and strides, unit last stride; power-of-two boxes) before coming here."""
+    desc = TensorDescriptor.__new__(TensorDescriptor)
+    desc.base, desc.shape, desc.strides, desc.block_shape, desc.layout, desc.padding = (
+        base, shape, strides, block_shape, layout, "zero")
+    return desc
+
+
 def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
                    nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config):
     """Launch on validated inputs (flash_fwd's fast-path checks, TMA alignment included)."""
@@ -369,8 +379,8 @@ def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_stri
     # and a new thread has none yet ("invalid device context"): any CUDA runtime call binds it, and this one
     # is also legal while a CUDA graph is being captured.
     torch.cuda.is_current_stream_capturing()
-    descs = [TensorDescriptor(t, [batch, seqlen, heads, head_dim], list(strides), [1, box, 1, head_dim],
-                              _smem_layout([1, box, 1, head_dim], q.dtype))
+    descs = [host_descriptor(t, [batch, seqlen, heads, head_dim], list(strides), [1, box, 1, head_dim],
+                             _smem_layout([1, box, 1, head_dim], q.dtype))
              for t, seqlen, heads, strides, box in ((q, seqlen_q, nheads_q, q_strides, rows),
                                                     (k, seqlen_k, nheads_k, k_strides, block_n),
                                                     (v, seqlen_k, nheads_k, v_strides, block_n),
