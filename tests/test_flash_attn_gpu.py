@@ -620,3 +620,26 @@ def test_hopper_backward_matches_deterministic_gpu(monkeypatch, headdim, causal)
         assert_finite(name, c)
         err = ((c.float() - a.float()).norm() / a.float().norm()).item()
         assert err < 1e-2, f"{name}: Gluon backward rel err {err:.2e} vs deterministic"
+
+
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_hopper_backward_fp32_grads_gpu(headdim):
+    """fp32_grads=True on the Gluon backward (ring attention's partial gradients): float32 dk, dv that round to
+    exactly the default call's (their sums run in a fixed order inside a program), dq within atomics' reordering
+    of the default call's fp32 sums."""
+    _require_gluon()
+    from flashfuse.ops.attention.flash_fwd import flash_attn_forward
+
+    q, k, v = rand_qkv(2, 1000, 777, 8, 2, headdim, dtype=BF16, device="cuda", requires_grad=False)
+    dout = torch.randn_like(q)
+    opts = dict(softmax_scale=headdim ** -0.5, window_right=100, bottom_right=False)
+    out, lse = flash_attn_forward(q, k, v, **opts)
+    assert flash_bwd._hopper_plan(dout, q, k, v, deterministic=False, is_varlen=False, extras=False,
+                                  seqlen_k=777) is not None
+    dq16, dk16, dv16 = flash_bwd.flash_attn_backward(dout, q, k, v, out, lse, **opts)
+    dq32, dk32, dv32 = flash_bwd.flash_attn_backward(dout, q, k, v, out, lse, fp32_grads=True, **opts)
+    assert dq32.dtype == dk32.dtype == dv32.dtype == torch.float32
+    assert torch.equal(dk32.to(BF16), dk16) and torch.equal(dv32.to(BF16), dv16)
+    assert_finite("dq", dq32)
+    err = ((dq32 - dq16.float()).norm() / dq16.float().norm()).item()
+    assert err < 4e-3, f"dq rel err {err:.2e} vs the default call"

@@ -189,3 +189,20 @@ def test_hopper_backward_inputs(monkeypatch, seqlen_q, block_m):
     torch.testing.assert_close(delta[:, :seqlen_q].double(), ref_delta, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse2[:, :seqlen_q], lse.reshape(6, seqlen_q) * 1.4426950408889634)
     assert (delta[:, seqlen_q:] == 0).all() and (lse2[:, seqlen_q:] == 0).all()
+
+
+def test_backward_fp32_grads():
+    """flash_attn_backward(fp32_grads=True) (ring attention sums partial gradients in fp32): float32 dq, dk, dv
+    that round to exactly the default call's 16-bit gradients (one rounding, at the end)."""
+    from flashfuse.ops.attention import flash_bwd
+    from flashfuse.ops.attention.flash_fwd import flash_attn_forward
+
+    q, k, v = rand_qkv(1, 45, 70, 4, 2, 32, dtype=F16, device="cpu", requires_grad=False)
+    dout = rand(1, 45, 4, 32, dtype=F16, device="cpu", requires_grad=False)
+    opts = dict(softmax_scale=32 ** -0.5, window_right=3, bottom_right=False)
+    out, lse = flash_attn_forward(q, k, v, **opts)
+    grads16 = flash_bwd.flash_attn_backward(dout, q, k, v, out, lse, **opts)
+    grads32 = flash_bwd.flash_attn_backward(dout, q, k, v, out, lse, fp32_grads=True, **opts)
+    for name, g16, g32 in zip(("dq", "dk", "dv"), grads16, grads32):
+        assert g32.dtype == torch.float32 and g16.dtype == F16, name
+        assert torch.equal(g32.to(F16), g16), name

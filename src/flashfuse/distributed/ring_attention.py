@@ -50,7 +50,7 @@ Backward (the standard ring-attention backward): with the final O and LSE, P_ij 
 is exact for every (query, key) pair, and delta_i = rowsum(dO_i * O_i) is global, so each launch of
 flash_attn_backward(dO, Q, K_blk, V_blk, O, LSE) with the pair's window gives exact partial gradients:
 
-    dQ  = sum over blocks of dQ_blk                      (local fp32 accumulator)
+    dQ  = sum over blocks of dQ_blk                      (local fp32 accumulator; partials come in fp32)
     dK_blk, dV_blk = sum over ranks of their partials    (fp32 buffers that travel with the block)
 
 The dK/dV buffers follow their K/V block around the ring: at step s rank r adds its partials to the
@@ -220,7 +220,7 @@ def ring_attn_backward(dout, q, k, v, out, lse, comm: RingComm, plans, *, softma
             dq, dk, dv = flash_attn_backward(
                 dout[:, q0:q1], q[:, q0:q1], k_blk[:, k0:k1], v_blk[:, k0:k1], out[:, q0:q1],
                 lse[:, :, q0:q1], softmax_scale=softmax_scale, window_left=wl, window_right=wr,
-                bottom_right=False, softcap=softcap, deterministic=deterministic)
+                bottom_right=False, softcap=softcap, deterministic=deterministic, fp32_grads=True)
             dq_acc[:, q0:q1] += dq
             dk_acc[:, k0:k1] += dk
             dv_acc[:, k0:k1] += dv

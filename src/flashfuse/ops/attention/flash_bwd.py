@@ -523,14 +523,16 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
                         window_right: int = -1, bottom_right: bool = True, softcap: float = 0.0,
                         alibi_slopes=None, attn_bias=None, dropout_p: float = 0.0, rng_state=None,
                         cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0, max_seqlen_k: int = 0,
-                        deterministic: bool = False, atomic_dq: bool | None = None, config: dict | None = None):
+                        deterministic: bool = False, fp32_grads: bool = False, atomic_dq: bool | None = None,
+                        config: dict | None = None):
     """Launch the preprocess and the fused backward kernel; same arguments as flash_attn_forward plus
     dout, out and lse.
 
     deterministic=True always takes the no-atomics grid (bit-identical gradients run to run);
     deterministic=False takes flash_bwd_hopper's kernel where _hopper_plan allows it, else the atomic-dQ
     grid when ``atomic_dq`` (default: the module's ATOMIC_DQ) is on, else the no-atomics grid. ``config`` overrides the tile table of the path taken (backward_config / atomic_backward_config
-    keys; for tuning).
+    keys; for tuning). fp32_grads: (dq, dk, dv) in float32 instead of the inputs' dtype, for callers that sum
+    partial gradients (ring attention) and should round once, at the end.
     Returns (dq, dk, dv), contiguous, shaped like q, k, v."""
     is_varlen = cu_seqlens_q is not None
     extras = softcap > 0 or alibi_slopes is not None or attn_bias is not None or dropout_p > 0 or window_left >= 0
@@ -540,16 +542,15 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
                                   seqlen_k=k.shape[1])
     if hopper_cfg is not None:
         return _hopper_backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, window_right=window_right,
-                                bottom_right=bottom_right, config=hopper_cfg)
+                                bottom_right=bottom_right, fp32_grads=fp32_grads, config=hopper_cfg)
     use_atomic = (ATOMIC_DQ if atomic_dq is None else atomic_dq) and not deterministic
     # delta is allocated dense and indexed with lse's strides: a strided lse view (a slice of a longer
     # sequence's lse, as ring attention takes) is copied once so both layouts agree.
     lse = lse.contiguous()
     head_dim = q.shape[-1]
     nheads_q, nheads_k = q.shape[-2], k.shape[-2]
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    grad_dtype = torch.float32 if fp32_grads else q.dtype
+    dq, dk, dv = (torch.empty(t.shape, dtype=grad_dtype, device=t.device) for t in (q, k, v))
     # The fp32 dQ accumulator (shaped like q, contiguous); a dummy pointer on the deterministic path.
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if use_atomic else dq
     if is_varlen:
@@ -624,12 +625,12 @@ def hopper_backward_inputs(out, dout, lse, block_m: int):
     return delta, lse2, dq_acc
 
 
-def _hopper_backward(dout, q, k, v, out, lse, *, softmax_scale, window_right, bottom_right, config):
+def _hopper_backward(dout, q, k, v, out, lse, *, softmax_scale, window_right, bottom_right, fp32_grads, config):
     """flash_bwd_hopper's kernel: it adds dQ (scaled) into the fp32 buffer, cast to dq's dtype after."""
     delta, lse2, dq_acc = hopper_backward_inputs(out, dout, lse, config["BLOCK_M"])
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    grad_dtype = torch.float32 if fp32_grads else k.dtype
+    dk, dv = (torch.empty(t.shape, dtype=grad_dtype, device=t.device) for t in (k, v))
     flash_bwd_hopper.hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv,
                                      qk_scale=softmax_scale * flash_bwd_hopper.LOG2E, sm_scale=softmax_scale,
                                      window_right=window_right, bottom_right=bottom_right, config=config)
-    return dq_acc.to(q.dtype), dk, dv
+    return (dq_acc if fp32_grads else dq_acc.to(q.dtype)), dk, dv

@@ -108,8 +108,8 @@ if gluon is not None:
                                             _tma_box(delta_smem.index(slot), delta_desc))
 
     @gluon.jit
-    def _bwd_consumer(descs, smem, bars, shape, window_right, qk_scale, sm_scale, HAS_RIGHT: gl.constexpr,
-                      BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _bwd_consumer(descs, smem, bars, shape, fp32_out, window_right, qk_scale, sm_scale, HAS_RIGHT: gl.constexpr,
+                      BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
         """Eight warps (two warpgroups of BLOCK_N / 2 keys each): the schedule in the module docstring. The slot
         is released once every product reading it is done; dQ_j leaves through one of two fp32 slots."""
@@ -117,6 +117,7 @@ if gluon is not None:
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
         kv_ready, q_ready, do_ready, empty = bars
         nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
+        p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h = fp32_out
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                            instr_shape=[16, BLOCK_M, 16])
@@ -189,28 +190,40 @@ if gluon is not None:
             tma.store_wait(pendings=0)
             mbarrier.arrive(empty.index(slot), count=1)
             _tma_reduce_add(dq_desc, [i_b, m0, i_h, 0], _tma_box(dq_smem.index(i % 2), dq_desc))   # rows past seqlen_q dropped
-        # dK, dV leave through K / V's tiles (free now).
-        k_smem.store(dk.to(dtype))
-        v_smem.store(dv.to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(dk_desc, [i_b, n0, i_hk, 0], _tma_box(k_smem, dk_desc))
-        tma.async_copy_shared_to_global(dv_desc, [i_b, n0, i_hk, 0], _tma_box(v_smem, dv_desc))
+        if FP32_GRADS:
+            # fp32 dK, dV (partial gradients that a caller sums, as ring attention does): stored from registers.
+            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+            rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+            offs = (i_b.to(gl.int64) * stride_dkv_b + i_hk * stride_dkv_h
+                    + gl.expand_dims(rows.to(gl.int64) * stride_dkv_s, 1) + gl.expand_dims(cols, 0))
+            in_bounds = gl.expand_dims(rows < seqlen_k, 1)
+            gl.store(p_dk + offs, dk, mask=in_bounds)
+            gl.store(p_dv + offs, dv, mask=in_bounds)
+        else:
+            # dK, dV leave through K / V's tiles (free now).
+            k_smem.store(dk.to(dtype))
+            v_smem.store(dv.to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(dk_desc, [i_b, n0, i_hk, 0], _tma_box(k_smem, dk_desc))
+            tma.async_copy_shared_to_global(dv_desc, [i_b, n0, i_hk, 0], _tma_box(v_smem, dv_desc))
         tma.store_wait(pendings=0)
 
     @gluon.jit
     def _flash_bwd_hopper_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
+        p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_right,
-        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr,
         DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr, num_warps: gl.constexpr,
     ):
         # Host-side TMA descriptors: q, do [batch, seqlen_q, nheads_q, HEAD_DIM] (boxes [1, BLOCK_M, 1, HEAD_DIM]),
         # k, v, dk, dv [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]), dq: the fp32
         # buffer shaped like q; lse2, delta [batch * nheads_q, seqlen_q rounded up to BLOCK_M] fp32 (boxes
-        # [1, BLOCK_M]). Grid (cdiv(seqlen_k, BLOCK_N), batch * nheads_k). num_warps = 8 is the consumer (the
-        # default partition); the producer warp is the worker.
+        # [1, BLOCK_M]). FP32_GRADS: dk, dv are fp32 (p_dk, p_dv with their strides; the dk / dv descriptors
+        # unused). Grid (cdiv(seqlen_k, BLOCK_N), batch * nheads_k). num_warps = 8 is the consumer (the default
+        # partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
         gl.static_assert(BLOCK_N == 128)
         dtype: gl.constexpr = q_desc.dtype
@@ -239,8 +252,8 @@ if gluon is not None:
         bars = (kv_ready, q_ready, do_ready, empty)
         shape = (nheads_q, nheads_k, nheads_q // nheads_k, seqlen_q, seqlen_k)
         gl.warp_specialize([
-            (_bwd_consumer, (descs, smem, bars, shape, window_right, qk_scale, sm_scale, HAS_RIGHT, BOTTOM_RIGHT,
-                             BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+            (_bwd_consumer, (descs, smem, bars, shape, (p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h),
+                             window_right, qk_scale, sm_scale, HAS_RIGHT, BOTTOM_RIGHT, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
             (_bwd_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
                              BLOCK_N, HEAD_DIM, NUM_STAGES)),
         ], [1], [24])
@@ -269,7 +282,7 @@ def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_
                     bottom_right, config):
     """Launch on validated inputs: q, k, v, dout [batch, seqlen, heads, head dim] 16-bit with 16-byte aligned
     strides; lse2, delta from flash_bwd.hopper_backward_inputs; dq_acc zeroed fp32 shaped like q;
-    dk, dv shaped like k, v."""
+    dk, dv contiguous, shaped like k, v: k's dtype, or fp32 (then stored from registers without rounding)."""
     batch, seqlen_q, nheads_q, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     cfg = dict(config)
@@ -286,9 +299,9 @@ def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_
         desc(q, seqlen_q, nheads_q, block_m), desc(k, seqlen_k, nheads_k, block_n),
         desc(v, seqlen_k, nheads_k, block_n), desc(dout, seqlen_q, nheads_q, block_m), *vec_descs,
         desc(dq_acc, seqlen_q, nheads_q, block_m), desc(dk, seqlen_k, nheads_k, block_n),
-        desc(dv, seqlen_k, nheads_k, block_n),
+        desc(dv, seqlen_k, nheads_k, block_n), dk, dv, *dk.stride()[:3],
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_right,
-        HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
+        HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, FP32_GRADS=dk.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
         Q_SMEM=_smem_layout([block_m, head_dim], q.dtype), KV_SMEM=_smem_layout([block_n, head_dim], q.dtype),
         DS_SMEM=_smem_layout([block_n, block_m], q.dtype), DQ_SMEM=_smem_layout([block_m, head_dim], torch.float32),
         **cfg)
