@@ -150,22 +150,19 @@ def test_hopper_backward_plan(monkeypatch):
     from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper as hopper
 
     q = torch.empty(2, 256, 4, 128, dtype=torch.bfloat16)
-    plan = partial(flash_bwd._hopper_plan, q, q, q, q, is_varlen=False, extras=False, seqlen_k=256)
+    plan = partial(flash_bwd._hopper_plan, q, q, q, q, is_varlen=False, extras=False)
     assert plan(deterministic=False) is None                          # the interpreter: no Gluon
     monkeypatch.setattr(hopper, "available", lambda device: True)
     assert plan(deterministic=False) == hopper.HOPPER_BWD_CONFIGS[128]
     assert plan(deterministic=True) is None
-    assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, is_varlen=True, extras=False, seqlen_k=256) is None
-    assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, is_varlen=False, extras=True, seqlen_k=256) is None
+    assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, is_varlen=True, extras=False) is None
+    assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, is_varlen=False, extras=True) is None
     q96 = torch.empty(2, 256, 4, 96, dtype=torch.bfloat16)
-    assert flash_bwd._hopper_plan(q96, q96, q96, q96, deterministic=False, is_varlen=False, extras=False,
-                                  seqlen_k=256) is None
+    assert flash_bwd._hopper_plan(q96, q96, q96, q96, deterministic=False, is_varlen=False, extras=False) is None
     q32 = q.float()
-    assert flash_bwd._hopper_plan(q32, q32, q32, q32, deterministic=False, is_varlen=False, extras=False,
-                                  seqlen_k=256) is None
+    assert flash_bwd._hopper_plan(q32, q32, q32, q32, deterministic=False, is_varlen=False, extras=False) is None
     kv = q[:, :, :1].expand(q.shape)                                  # broadcast over heads: no descriptor
-    assert flash_bwd._hopper_plan(q, q, kv, kv, deterministic=False, is_varlen=False, extras=False,
-                                  seqlen_k=256) is None
+    assert flash_bwd._hopper_plan(q, q, kv, kv, deterministic=False, is_varlen=False, extras=False) is None
 
 
 @pytest.mark.parametrize("seqlen_q, block_m", [(77, 64), (128, 64), (1, 32)])

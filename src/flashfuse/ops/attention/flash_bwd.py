@@ -503,7 +503,7 @@ def _tma_applies(q, k, v, dout, head_dim, block_d, is_varlen) -> bool:
 GLUON_BACKWARD = True
 
 
-def _hopper_plan(dout, q, k, v, *, deterministic, is_varlen, extras, seqlen_k):
+def _hopper_plan(dout, q, k, v, *, deterministic, is_varlen, extras):
     """flash_bwd_hopper's config for this call, or None: deterministic=True (it adds dQ with atomics), the
     score extras and varlen (not in that kernel), 32-bit inputs, strides TMA cannot take, other GPUs."""
     if not GLUON_BACKWARD or deterministic or is_varlen or extras or q.dtype not in (torch.float16, torch.bfloat16):
@@ -511,7 +511,7 @@ def _hopper_plan(dout, q, k, v, *, deterministic, is_varlen, extras, seqlen_k):
     if not (flash_bwd_hopper.available(q.device) and tma_compatible(q, k, v, dout)
             and flash_bwd_hopper.descriptor_compatible(q, k, v, dout)):
         return None
-    return flash_bwd_hopper.hopper_backward_config(q.shape[-1], seqlen_k)
+    return flash_bwd_hopper.hopper_backward_config(q.shape[-1])
 
 
 # 2048 fp32 per program, 4 warps: 16 elements (four 16-byte vectors) per thread, enough in flight to
@@ -530,16 +530,16 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
 
     deterministic=True always takes the no-atomics grid (bit-identical gradients run to run);
     deterministic=False takes flash_bwd_hopper's kernel where _hopper_plan allows it, else the atomic-dQ
-    grid when ``atomic_dq`` (default: the module's ATOMIC_DQ) is on, else the no-atomics grid. ``config`` overrides the tile table of the path taken (backward_config / atomic_backward_config
-    keys; for tuning). fp32_grads: (dq, dk, dv) in float32 instead of the inputs' dtype, for callers that sum
-    partial gradients (ring attention) and should round once, at the end.
+    grid when ``atomic_dq`` (default: the module's ATOMIC_DQ) is on, else the no-atomics grid. ``config``
+    overrides the tile table of the Triton grid taken (backward_config / atomic_backward_config keys; for
+    tuning; the Gluon kernel is then not used). fp32_grads: (dq, dk, dv) in float32 instead of the inputs'
+    dtype, for callers that sum partial gradients (ring attention) and should round once, at the end.
     Returns (dq, dk, dv), contiguous, shaped like q, k, v."""
     is_varlen = cu_seqlens_q is not None
     extras = softcap > 0 or alibi_slopes is not None or attn_bias is not None or dropout_p > 0 or window_left >= 0
     hopper_cfg = None
     if config is None and not (q.numel() == 0 or k.numel() == 0):
-        hopper_cfg = _hopper_plan(dout, q, k, v, deterministic=deterministic, is_varlen=is_varlen, extras=extras,
-                                  seqlen_k=k.shape[1])
+        hopper_cfg = _hopper_plan(dout, q, k, v, deterministic=deterministic, is_varlen=is_varlen, extras=extras)
     if hopper_cfg is not None:
         return _hopper_backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, window_right=window_right,
                                 bottom_right=bottom_right, fp32_grads=fp32_grads, config=hopper_cfg)

@@ -16,9 +16,13 @@ so P^T and dS^T land in registers as the A operands of their products):
     dQ   += dQ_j                                        TMA reduce-add (fp32) into a zeroed [B, S, H, D] buffer
 
 with the softmax scale folded into dS (so dK and dQ need no final scaling); at the end dK, dV leave through
-K / V's shared memory by TMA, and dQ is the buffer cast to dQ's dtype. A producer warp streams Q, dO and their lse2 / delta rows by TMA into
-NUM_STAGES slots (one mbarrier pair per slot); the consumer is one 8-warp partition (two warpgroups, 64 keys
-each, the dQ product split by head-dim halves), with 240 registers per thread (dK and dV alone take 128).
+K / V's shared memory by TMA, and dQ is the buffer cast to dQ's dtype. A producer warp streams Q, dO and their
+lse2 / delta rows by TMA into NUM_STAGES slots (one mbarrier pair per slot); the consumer is one 8-warp partition
+(two warpgroups, 64 keys each, the dQ product split by head-dim halves), with 240 registers per thread (dK and dV
+alone take 128) and two CTA barriers per query block.
+
+Measured on an H200 (benchmarks/NOTES.md, session 16): 0.93-1.03x cuDNN from 1024 keys at head dims 64 and 128,
+1.05-1.29x flash_bwd's grid.
 
 dQ's summation order over key blocks varies run to run (atomics), so deterministic=True keeps flash_bwd's
 grid. Scope as flash_fwd_hopper: 16-bit inputs, head dim 64 or 128, no dropout / ALiBi / softcap / bias / left
@@ -69,6 +73,16 @@ if gluon is not None:
         return m_first, n_m - m_first
 
     @gluon.jit
+    def _program(seqlen_k, nheads_k, BLOCK_N: gl.constexpr):
+        """This program's (key block, batch, kv head): the key blocks of one head side by side, so the programs in
+        flight share their Q / dO in L2 (and, causal, the heaviest, first key blocks start first). A 1-D grid: no
+        65535 limit on batch * heads."""
+        n_blocks = gl.cdiv(seqlen_k, BLOCK_N)
+        pid = gl.program_id(0)
+        i_bhk = pid // n_blocks
+        return pid % n_blocks, i_bhk // nheads_k, i_bhk % nheads_k
+
+    @gluon.jit
     def _step(i, i_hk, group, m_first, n_steps, BLOCK_M: gl.constexpr):
         """Step i of a key block's walk -> (query head, first query row): the group's heads one after the other,
         each over query blocks [m_first, m_first + n_steps). (Starting each key block's walk at its own diagonal,
@@ -84,9 +98,7 @@ if gluon is not None:
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
         kv_ready, q_ready, do_ready, empty = bars
         nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
-        i_n = gl.program_id(0)
-        i_b = gl.program_id(1) // nheads_k
-        i_hk = gl.program_id(1) % nheads_k
+        i_n, i_b, i_hk = _program(seqlen_k, nheads_k, BLOCK_N)
         mbarrier.expect(kv_ready, 2 * BLOCK_N * HEAD_DIM * 2)
         tma.async_copy_global_to_shared(k_desc, [i_b, i_n * BLOCK_N, i_hk, 0], kv_ready, _tma_box(k_smem, k_desc))
         tma.async_copy_global_to_shared(v_desc, [i_b, i_n * BLOCK_N, i_hk, 0], kv_ready, _tma_box(v_smem, v_desc))
@@ -109,7 +121,8 @@ if gluon is not None:
 
     @gluon.jit
     def _bwd_consumer(descs, smem, bars, shape, fp32_out, window_right, qk_scale, sm_scale, HAS_RIGHT: gl.constexpr,
-                      BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr,
+                      BLOCK_N: gl.constexpr,
                       HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
         """Eight warps (two warpgroups of BLOCK_N / 2 keys each): the schedule in the module docstring. The slot
         is released once every product reading it is done; dQ_j leaves through one of two fp32 slots."""
@@ -127,9 +140,7 @@ if gluon is not None:
                                                             instr_shape=[16, HEAD_DIM // 2, 16])
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
         cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)      # one value per query (column)
-        i_n = gl.program_id(0)
-        i_b = gl.program_id(1) // nheads_k
-        i_hk = gl.program_id(1) % nheads_k
+        i_n, i_b, i_hk = _program(seqlen_k, nheads_k, BLOCK_N)
         n0 = i_n * BLOCK_N
         off = 0
         if BOTTOM_RIGHT:
@@ -189,7 +200,8 @@ if gluon is not None:
             # orders the dQ_i stores above before the reduce-add below.
             tma.store_wait(pendings=0)
             mbarrier.arrive(empty.index(slot), count=1)
-            _tma_reduce_add(dq_desc, [i_b, m0, i_h, 0], _tma_box(dq_smem.index(i % 2), dq_desc))   # rows past seqlen_q dropped
+            # rows past seqlen_q are dropped
+            _tma_reduce_add(dq_desc, [i_b, m0, i_h, 0], _tma_box(dq_smem.index(i % 2), dq_desc))
         if FP32_GRADS:
             # fp32 dK, dV (partial gradients that a caller sums, as ring attention does): stored from registers.
             cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -214,7 +226,8 @@ if gluon is not None:
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
         p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_right,
-        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
         HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr,
         DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr, num_warps: gl.constexpr,
     ):
@@ -222,7 +235,7 @@ if gluon is not None:
         # k, v, dk, dv [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]), dq: the fp32
         # buffer shaped like q; lse2, delta [batch * nheads_q, seqlen_q rounded up to BLOCK_M] fp32 (boxes
         # [1, BLOCK_M]). FP32_GRADS: dk, dv are fp32 (p_dk, p_dv with their strides; the dk / dv descriptors
-        # unused). Grid (cdiv(seqlen_k, BLOCK_N), batch * nheads_k). num_warps = 8 is the consumer (the default
+        # unused). Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the default
         # partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
         gl.static_assert(BLOCK_N == 128)
@@ -253,7 +266,8 @@ if gluon is not None:
         shape = (nheads_q, nheads_k, nheads_q // nheads_k, seqlen_q, seqlen_k)
         gl.warp_specialize([
             (_bwd_consumer, (descs, smem, bars, shape, (p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h),
-                             window_right, qk_scale, sm_scale, HAS_RIGHT, BOTTOM_RIGHT, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                             window_right, qk_scale, sm_scale, HAS_RIGHT, BOTTOM_RIGHT, FP32_GRADS, BLOCK_M, BLOCK_N,
+                             HEAD_DIM, NUM_STAGES)),
             (_bwd_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
                              BLOCK_N, HEAD_DIM, NUM_STAGES)),
         ], [1], [24])
@@ -264,18 +278,18 @@ _VEC_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, ra
 
 _CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, num_warps=8)
 
-# head dim -> config; shorter key loops / other head dims stay on flash_bwd's grid.
+# head dim -> config; other head dims stay on flash_bwd's grid. H200, bf16, 16384 tokens, model dim 2048 (session 16,
+# do_bench on the launchers), TFLOP/s at S = 1K / 2K / 8K: hd128 429 / 479 / 527 (causal 319 / 402 / 503) vs the
+# Triton grid's 346 / 382 / 421 (253 / 319 / 389) and cuDNN's 421 / 474 / 525 (313 / 389 / 492); hd64 336 / 378 / 417
+# (causal 253 / 321 / 402) vs 305 / 335 / 359 (240 / 291 / 346), cuDNN 360 / 405 / 443 (248 / 322 / 403). Slower:
+# 3 stages at hd64 (+-1%), 128-row query steps at hd64 (188 bytes of spill), a rotated query walk, a deferred dQ store.
 HOPPER_BWD_CONFIGS = {64: _CONFIG, 128: _CONFIG}
-# Shortest key loop this kernel takes.
-HOPPER_BWD_MIN_SEQLEN_K = 0
 
 
-def hopper_backward_config(head_dim: int, seqlen_k: int):
+def hopper_backward_config(head_dim: int):
     """This file's config for a call, or None where flash_bwd's grid is used."""
     config = HOPPER_BWD_CONFIGS.get(head_dim)
-    if config is None or seqlen_k < HOPPER_BWD_MIN_SEQLEN_K:
-        return None
-    return dict(config)
+    return None if config is None else dict(config)
 
 
 def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_scale, window_right,
@@ -294,14 +308,15 @@ def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_
                                _smem_layout([1, box, 1, head_dim], t.dtype))
 
     vec_descs = [host_descriptor(t, list(t.shape), list(t.stride()), [1, block_m], _VEC_LAYOUT) for t in (lse2, delta)]
-    grid = (cdiv(seqlen_k, block_n), batch * nheads_k)
+    grid = (cdiv(seqlen_k, block_n) * batch * nheads_k, )
     _flash_bwd_hopper_kernel[grid](
         desc(q, seqlen_q, nheads_q, block_m), desc(k, seqlen_k, nheads_k, block_n),
         desc(v, seqlen_k, nheads_k, block_n), desc(dout, seqlen_q, nheads_q, block_m), *vec_descs,
         desc(dq_acc, seqlen_q, nheads_q, block_m), desc(dk, seqlen_k, nheads_k, block_n),
         desc(dv, seqlen_k, nheads_k, block_n), dk, dv, *dk.stride()[:3],
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_right,
-        HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, FP32_GRADS=dk.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
+        HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, FP32_GRADS=dk.dtype == torch.float32, BLOCK_M=block_m,
+        BLOCK_N=block_n, HEAD_DIM=head_dim,
         Q_SMEM=_smem_layout([block_m, head_dim], q.dtype), KV_SMEM=_smem_layout([block_n, head_dim], q.dtype),
         DS_SMEM=_smem_layout([block_n, block_m], q.dtype), DQ_SMEM=_smem_layout([block_m, head_dim], torch.float32),
         **cfg)

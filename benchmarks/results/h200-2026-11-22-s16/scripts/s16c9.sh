@@ -1,0 +1,8 @@
+# Session 16, call 9: fp32 partial gradients for ring attention - the 2-GPU tests, then the attention GPU tier.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+cat COMMIT; nvidia-smi -L
+timeout 300 python3 -m pytest -q -rfs -m gpu -p no:cacheprovider tests/test_ring_attention_gpu.py tests/test_context_parallel_gpu.py tests/test_distributed_training_gpu.py tests/test_distributed_compile_gpu.py > $OUT/pytest_2gpu.log 2>&1
+echo "pytest 2gpu rc=$?"; grep -E "passed|failed|FAILED|SKIPPED|Error" $OUT/pytest_2gpu.log | head -30 | cut -c1-250
+timeout 200 python3 -m pytest -q -rfs -m gpu -p no:cacheprovider -n 8 tests/test_flash_attn_gpu.py > $OUT/pytest_flash_attn.log 2>&1
+echo "pytest rc=$?"; grep -E "passed|failed|FAILED|SKIPPED|Error" $OUT/pytest_flash_attn.log | head -20 | cut -c1-250
