@@ -131,7 +131,7 @@ if gluon is not None:
 
     @gluon.jit
     def _ws_producer(descs, smem, bars, shape, window_right, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+                     CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
         """One warp: per tile, Q into each consumer's slot once that consumer's last Q K^T of the previous
         tile is done, then K_j / V_j into ring slot c % NUM_STAGES (c counts key blocks over all tiles) once
         both consumers released it."""
@@ -139,7 +139,7 @@ if gluon is not None:
         q_smem, k_smem, v_smem, o_smem = smem
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
         nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_tiles = shape
-        ROWS: gl.constexpr = BLOCK_M // 2
+        ROWS: gl.constexpr = BLOCK_M // CONSUMERS
         tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
         c = 0
         it = 0
@@ -149,7 +149,7 @@ if gluon is not None:
             i_b = i_bh // nheads_q
             i_h = i_bh % nheads_q
             i_hk = i_h // group
-            for w in gl.static_range(2):
+            for w in gl.static_range(CONSUMERS):
                 mbarrier.wait(q_empty.index(w), (it & 1) ^ 1)     # the first tile passes: the slots start free
                 mbarrier.expect(q_ready.index(w), ROWS * HEAD_DIM * 2)
                 tma.async_copy_global_to_shared(q_desc, [i_b, m0 + w * ROWS, i_h, 0], q_ready.index(w),
@@ -170,9 +170,9 @@ if gluon is not None:
 
     @gluon.jit
     def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale,
-                     WG: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
-        """One warpgroup, rows [m0 + WG * BLOCK_M / 2, +BLOCK_M / 2) of each tile: the schedule in the module
+                     WG: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, CONSUMERS: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+        """One warpgroup, rows [m0 + WG * ROWS, +ROWS) of each tile (ROWS = BLOCK_M / CONSUMERS): the schedule in the module
         docstring (S_j issued beside P_{j-1} V_{j-1}), releasing K / V slots and its Q slot through mbarriers
         (one arrival per warpgroup). O leaves through its own shared-memory slot by TMA while the next tile
         starts."""
@@ -180,7 +180,7 @@ if gluon is not None:
         q_smem, k_smem, v_smem, o_smem = smem
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
         nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_tiles = shape
-        ROWS: gl.constexpr = BLOCK_M // 2
+        ROWS: gl.constexpr = BLOCK_M // CONSUMERS
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -259,53 +259,64 @@ if gluon is not None:
     def _flash_fwd_hopper_kernel(
         q_desc, k_desc, v_desc, o_desc, p_lse, stride_lse_b, stride_lse_h,
         nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_right, n_tiles,
-        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, CONSUMERS: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
         Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     ):
-        # Host-side TMA descriptors over q, o [batch, seqlen_q, nheads_q, HEAD_DIM] (boxes [1, BLOCK_M / 2, 1,
-        # HEAD_DIM]) and k, v [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]): rows past
+        # Host-side TMA descriptors over q, o [batch, seqlen_q, nheads_q, HEAD_DIM] (boxes [1, 64, 1, HEAD_DIM]) and k, v [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]): rows past
         # a sequence's end are zero-filled on loads and dropped on stores. lse [batch, nheads_q, seqlen_q] fp32.
-        # Grid (min(n_tiles, programs),): n_tiles = cdiv(seqlen_q, BLOCK_M) * batch * nheads_q. num_warps = 4 is
-        # the first consumer warpgroup (the default partition); the second consumer and the producer warp are
-        # the workers.
+        # Grid (min(n_tiles, programs),): n_tiles = cdiv(seqlen_q, BLOCK_M) * batch * nheads_q. CONSUMERS (2 or 3)
+        # warpgroups of 64 rows: num_warps = 4 is the first (the default partition); the other consumers and the
+        # producer warp are the workers.
         gl.static_assert(num_warps == 4)
-        gl.static_assert(BLOCK_M == 128)
+        gl.static_assert(BLOCK_M == 64 * CONSUMERS)
         dtype: gl.constexpr = q_desc.dtype
-        ROWS: gl.constexpr = BLOCK_M // 2
-        q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], Q_SMEM)
-        o_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], Q_SMEM)
+        ROWS: gl.constexpr = 64
+        q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_DIM], Q_SMEM)
+        o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_DIM], Q_SMEM)
         k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
         v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
-        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        for w in gl.static_range(2):
+        for w in gl.static_range(CONSUMERS):
             mbarrier.init(q_ready.index(w), count=1)
             mbarrier.init(q_empty.index(w), count=1)
         for i in gl.static_range(NUM_STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)           # one arrival per consumer warpgroup
-            mbarrier.init(v_empty.index(i), count=2)
+            mbarrier.init(k_empty.index(i), count=CONSUMERS)           # one arrival per consumer warpgroup
+            mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
         descs = (q_desc, k_desc, v_desc, o_desc)
         smem = (q_smem, k_smem, v_smem, o_smem)
         bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
         shape = (nheads_q, group, seqlen_q, seqlen_k, gl.cdiv(seqlen_q, BLOCK_M), n_tiles)
-        gl.warp_specialize([
-            (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 0,
-                            HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
-            (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 1,
-                            HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
-            (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M, BLOCK_N,
-                            HEAD_DIM, NUM_STAGES)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+        if CONSUMERS == 2:
+            gl.warp_specialize([
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 0,
+                                HAS_RIGHT, BOTTOM_RIGHT, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 1,
+                                HAS_RIGHT, BOTTOM_RIGHT, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, CONSUMERS, BLOCK_M,
+                                BLOCK_N, HEAD_DIM, NUM_STAGES)),
+            ], [4, 1], [CONSUMER_REGS, 24])
+        else:
+            gl.warp_specialize([
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 0,
+                                HAS_RIGHT, BOTTOM_RIGHT, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 1,
+                                HAS_RIGHT, BOTTOM_RIGHT, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 2,
+                                HAS_RIGHT, BOTTOM_RIGHT, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, CONSUMERS, BLOCK_M,
+                                BLOCK_N, HEAD_DIM, NUM_STAGES)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
-_WARP_SPECIALIZED = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, num_warps=4, CONSUMER_REGS=240)
+_WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, num_warps=4, CONSUMER_REGS=240)
 
 # (head dim, right window / causal) -> ((shortest key loop, config), ...): where this kernel measured faster
 # than flash_fwd's (H200, bf16, 16384 tokens, model dim 2048, TFLOP/s at S = 512 / 1K / 2K / 4K / 8K / 16K;
@@ -368,7 +379,7 @@ def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_stri
     head_dim, batch = q.shape[-1], q.shape[0]
     cfg = dict(config)
     block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
-    rows = block_m // 2
+    rows = block_m // cfg["CONSUMERS"]          # 64: one consumer warpgroup's rows
     n_tiles = cdiv(seqlen_q, block_m) * batch * nheads_q
     programs = min(n_tiles, sm_count(q.device)) if cfg.pop("PERSISTENT") else n_tiles
     # The kernel reads each [1, box, 1, head_dim] TMA box as a [box, head_dim] tile (_tma_box): the two layouts
