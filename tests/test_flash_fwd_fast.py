@@ -121,15 +121,17 @@ def test_tma_allocator_set_once():
 
 def test_hopper_forward_plan():
     """flash_fwd_hopper's Gluon kernel: never in the interpreter (Gluon has none), and on the GPU only where
-    its table says it measured faster: head dims 64 and 128, persistent without a mask (from 1024 / 512 keys),
-    one tile per program causal (from 4096 / 512), grids of two waves or more. The kernel runs in the GPU
-    tier (test_flash_attn_gpu.py)."""
+    its table says it measured faster: head dims 64 and 128, persistent without a mask (from 1024 / 512 keys;
+    hd64 with three consumer warpgroups from 8192), one tile per program causal (from 4096 / 512), grids of two
+    waves or more. The kernel runs in the GPU tier (test_flash_attn_gpu.py)."""
     from flashfuse.ops.attention import flash_fwd_hopper as hopper
 
     assert not hopper.available(torch.device("cpu"))
     config = hopper.hopper_forward_config(64, False, 1024, 1024, 16 * 32, 132)
     assert config == hopper.HOPPER_CONFIGS[(64, False)][0][1] and config is not hopper.HOPPER_CONFIGS[(64, False)][0][1]
-    assert config["PERSISTENT"]
+    assert config["PERSISTENT"] and config["CONSUMERS"] == 2
+    config = hopper.hopper_forward_config(64, False, 8192, 8192, 2 * 32, 132)
+    assert config["PERSISTENT"] and config["CONSUMERS"] == 3 and config["BLOCK_M"] == 192
     assert hopper.hopper_forward_config(128, False, 512, 512, 32 * 16, 132)["PERSISTENT"]
     assert not hopper.hopper_forward_config(128, True, 512, 512, 32 * 16, 132)["PERSISTENT"]
     assert not hopper.hopper_forward_config(64, True, 4096, 4096, 4 * 32, 132)["PERSISTENT"]

@@ -330,9 +330,14 @@ _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, nu
 #   468 / 460.
 # - hd64 causal, one tile per program: 143 / 247 / 332 / 391 / 429 / 459 vs Triton's 185 / 277 / 337 / 376 / 398
 #   / 414, so from 4K; cuDNN 261 / 337 / 392 / 426 / 442 / 444.
+# - hd64 without a mask from 8K keys: three consumer warpgroups (192-row tiles, 160 registers each: ptxas spills 12
+#   bytes), persistent: 480 / 485 at 8K / 16K vs two consumers' 456 / 458, cuDNN 456 / 460 (session 16; 435 / 455 vs
+#   447 / 456 at 2K / 4K). With 64-key tiles (no spill) 8-12% slower, also causal (causal with 128-key tiles spills
+#   408 bytes).
 # ptxas: 168 registers at launch (12 warps), 240 per consumer warpgroup; 192 KB of shared memory at hd128.
+_THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_REGS=160)
 HOPPER_CONFIGS = {
-    (64, False): ((1024, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
+    (64, False): ((1024, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
     (64, True): ((4096, dict(_WARP_SPECIALIZED, PERSISTENT=False)), ),
     (128, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
     (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=False)), ),
