@@ -1,6 +1,6 @@
 """FlashAttention forward for Hopper in Gluon, warp-specialized (FlashAttention-3's scheme): a producer
-warp streams Q, K and V by TMA; two consumer warpgroups own 64 query rows each, and within each the softmax
-of one key block overlaps the P V product of the previous one.
+warp streams Q, K and V by TMA; two (or three: CONSUMERS) consumer warpgroups own 64 query rows each, and within
+each the softmax of one key block overlaps the P V product of the previous one.
 
 The math is flash_fwd's online softmax (see its docstring; scores in the log2 domain, rows with no
 visible key store O = 0 and lse = +inf). What Triton's ``tl.dot`` cannot express is the schedule:
