@@ -163,6 +163,7 @@ def test_hopper_backward_plan(monkeypatch):
     assert flash_bwd._hopper_plan(q96, q96, q96, q96, deterministic=False, is_varlen=False, extras=False) is None
     q32 = q.float()
     assert flash_bwd._hopper_plan(q32, q32, q32, q32, deterministic=False, is_varlen=False, extras=False) is None
+    assert flash_bwd._hopper_plan(q.float(), q, q, q, deterministic=False, is_varlen=False, extras=False) is None
     kv = q[:, :, :1].expand(q.shape)                                  # broadcast over heads: no descriptor
     assert flash_bwd._hopper_plan(q, q, kv, kv, deterministic=False, is_varlen=False, extras=False) is None
 

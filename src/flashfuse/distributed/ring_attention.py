@@ -275,8 +275,9 @@ def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None, 
     or "contiguous" (rank r holds tokens [r*L, (r+1)*L): ``x.chunk(world_size, dim=1)[rank]``).
     causal / window_size (left, right) act on global positions: query i' sees keys
     [i' - left, i' + right] (-1 = unbounded; causal sets right = 0). softmax_scale (default
-    1/sqrt(headdim)) and softcap as in flash_attn_func. deterministic: accepted; the ring's sums run in a
-    fixed order and the kernels' backward without atomics, so gradients repeat bit for bit.
+    1/sqrt(headdim)) and softcap as in flash_attn_func. deterministic=True: the ring's sums run in a fixed
+    order and the kernels' backward without atomics, so gradients repeat bit for bit; False (the default) lets
+    Hopper GPUs add dQ with atomics (flash_attn_func's rule).
     Not supported: dropout_p > 0, alibi_slopes (NotImplementedError).
 
     K/V travel around the ring with torch.distributed P2P (batch_isend_irecv), overlapped with the

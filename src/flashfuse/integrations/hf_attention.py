@@ -191,10 +191,11 @@ def flashfuse_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
                                         sliding_window)
     # (batch, nheads, seqlen, headdim) -> flash layout (batch, seqlen, nheads, headdim): views, no copies.
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    deterministic = torch.are_deterministic_algorithms_enabled()       # what SDPA's backward honours too
     if attention_mask is None:
         causal = bool(is_causal)                # bottom-right: right for seqlen_q == 1 and for KV caches too
         out = flash_attn_func(q, k, v, dropout_p=dropout, softmax_scale=scale, causal=causal,
-                              window_size=_window(sliding_window, causal), softcap=softcap)
+                              window_size=_window(sliding_window, causal), softcap=softcap, deterministic=deterministic)
     elif softcap == 0.0:
         out = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                            scale=scale, enable_gqa=True).transpose(1, 2)
@@ -205,7 +206,7 @@ def flashfuse_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
                        window_size=(-1, -1), softcap=softcap, alibi_slopes=None)
         bias = _mask_to_bias(attention_mask, q, k, False)
         out, _ = _run(q, k, v, softmax_scale=scale, window_left=-1, window_right=-1, bottom_right=False,
-                      softcap=softcap, attn_bias=bias, dropout_p=dropout)
+                      softcap=softcap, attn_bias=bias, dropout_p=dropout, deterministic=deterministic)
     if v_head_dim != head_dim:
         out = out[..., :v_head_dim]
     return out.contiguous(), None

@@ -18,6 +18,10 @@ so gradients are bit-identical run to run:
 Both recompute S = Q K^T and dP~ = dO V^T (7 matrix products where an atomic dQ would need 5); that
 is the price of determinism and of no fp32 dQ buffer.
 
+On Hopper, ``deterministic=False`` (flash-attn's default) takes flash_bwd_hopper's Gluon kernel instead where
+it applies (``_hopper_plan``: 16-bit, head dim 64 / 128, no dropout / ALiBi / softcap / bias / left window /
+varlen): FlashAttention-3's layout, 5 products, dQ by TMA reduce-adds into an fp32 buffer.
+
 The atomic path (``deterministic=False`` with ``ATOMIC_DQ`` on, FA2/FA3's layout) launches the same kernel
 with only dK/dV programs: each also forms dQ_part = dS K for its [BLOCK_M queries, BLOCK_N keys] tile and
 adds it with fp32 atomics into a zeroed [*, Hq, D] float32 buffer, which ``_dq_convert_kernel`` scales
@@ -67,7 +71,8 @@ def _bwd_preprocess_kernel(p_o, p_do, p_delta, p_lse, p_lse2, p_dqa, p_cu_seqlen
         p_lse2 += i_b64 * stride_delta_b + i_h * stride_delta_h
         tl.store(p_lse2 + o_m, lse * LOG2E, mask=o_m < rows_out)
         p_dqa += i_b64 * stride_dqa_b + i_h * stride_dqa_h
-        tl.store(p_dqa + o_m[:, None] * stride_dqa_s + o_d[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=m_o)
+        zeros = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        tl.store(p_dqa + o_m[:, None].to(tl.int64) * stride_dqa_s + o_d[None, :], zeros, mask=m_o)
     else:
         tl.store(p_delta + o_m, tl.sum(b_o * b_do, 1), mask=o_m < seqlen_q)
 
@@ -507,6 +512,8 @@ def _hopper_plan(dout, q, k, v, *, deterministic, is_varlen, extras):
     """flash_bwd_hopper's config for this call, or None: deterministic=True (it adds dQ with atomics), the
     score extras and varlen (not in that kernel), 32-bit inputs, strides TMA cannot take, other GPUs."""
     if not GLUON_BACKWARD or deterministic or is_varlen or extras or q.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    if not q.dtype == k.dtype == v.dtype == dout.dtype:     # one dtype per descriptor set
         return None
     if not (flash_bwd_hopper.available(q.device) and tma_compatible(q, k, v, dout)
             and flash_bwd_hopper.descriptor_compatible(q, k, v, dout)):

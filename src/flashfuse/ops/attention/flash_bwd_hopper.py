@@ -75,8 +75,7 @@ if gluon is not None:
     @gluon.jit
     def _program(seqlen_k, nheads_k, BLOCK_N: gl.constexpr):
         """This program's (key block, batch, kv head): the key blocks of one head side by side, so the programs in
-        flight share their Q / dO in L2 (and, causal, the heaviest, first key blocks start first). A 1-D grid: no
-        65535 limit on batch * heads."""
+        flight share their Q / dO in L2 (and, causal, the heaviest, first key blocks start first). A 1-D grid."""
         n_blocks = gl.cdiv(seqlen_k, BLOCK_N)
         pid = gl.program_id(0)
         i_bhk = pid // n_blocks
@@ -196,9 +195,11 @@ if gluon is not None:
             dq_smem.index(i % 2).store(dq)
             fence_async_shared()
             # TMA bulk groups belong to the thread that issued them: it waits here for the reduce-add issued a
-            # step's products ago, and the barrier inside arrive (all 8 warps) tells the other threads; it also
-            # orders the dQ_i stores above before the reduce-add below.
+            # step's products ago. The barrier then tells the other threads, orders every warp's dQ_i stores before
+            # the reduce-add below, and holds the slot release (one thread's arrive) and the next step's writes to
+            # ds_smem (and, after the loop, to K / V's tiles) until both warpgroups' products are done.
             tma.store_wait(pendings=0)
+            gl.thread_barrier()
             mbarrier.arrive(empty.index(slot), count=1)
             # rows past seqlen_q are dropped
             _tma_reduce_add(dq_desc, [i_b, m0, i_h, 0], _tma_box(dq_smem.index(i % 2), dq_desc))

@@ -14,7 +14,7 @@ warpgroup runs, per key block j,
     softmax(S_j) -> P_j, alpha_j = exp2(m_{j-1} - m_j), l_j
     wait   for P_{j-1} V_{j-1};  acc *= alpha_j
 
-K and V tiles stream through NUM_STAGES shared-memory slots: the producer fills a slot once both consumers
+K and V tiles stream through NUM_STAGES shared-memory slots: the producer fills a slot once all consumers
 released it (mbarriers, one arrival per warpgroup), so the warpgroups are never held in lockstep by a
 CTA-wide barrier; they drift apart, one's softmax running beside the other's matrix products. Registers
 move to the consumers (240 each, 24 for the producer). Optionally persistent: one program per SM walks the
@@ -134,7 +134,7 @@ if gluon is not None:
                      CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
         """One warp: per tile, Q into each consumer's slot once that consumer's last Q K^T of the previous
         tile is done, then K_j / V_j into ring slot c % NUM_STAGES (c counts key blocks over all tiles) once
-        both consumers released it."""
+        all consumers released it."""
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem, o_smem = smem
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
@@ -334,7 +334,8 @@ _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, nu
 #   bytes), persistent: 480 / 485 at 8K / 16K vs two consumers' 456 / 458, cuDNN 456 / 460 (session 16; 435 / 455 vs
 #   447 / 456 at 2K / 4K). With 64-key tiles (no spill) 8-12% slower, also causal (causal with 128-key tiles spills
 #   408 bytes).
-# ptxas: 168 registers at launch (12 warps), 240 per consumer warpgroup; 192 KB of shared memory at hd128.
+# ptxas, two consumers: 168 registers at launch (12 warps), 240 per consumer warpgroup; 192 KB of shared memory at
+# hd128. Three: 128 at launch (16 warps), 160 per consumer.
 _THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_REGS=160)
 HOPPER_CONFIGS = {
     (64, False): ((1024, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
