@@ -65,16 +65,15 @@ def _bwd_preprocess_kernel(p_o, p_do, p_delta, p_lse, p_lse2, p_dqa, p_cu_seqlen
     b_o = tl.load(p_o + o_m[:, None] * stride_o_s + o_d[None, :], mask=m_o, other=0.0).to(tl.float32)
     b_do = tl.load(p_do + o_m[:, None] * stride_do_s + o_d[None, :], mask=m_o, other=0.0).to(tl.float32)
     p_delta += i_b64 * stride_delta_b + i_h * stride_delta_h + q_start
-    if WRITE_LSE2:      # padded rows (not varlen: seqlen_q is the batch's)
-        tl.store(p_delta + o_m, tl.sum(b_o * b_do, 1), mask=o_m < rows_out)
+    # WRITE_LSE2 writes padded rows (not varlen: seqlen_q is the batch's); varlen's rows end with the sequence.
+    tl.store(p_delta + o_m, tl.sum(b_o * b_do, 1), mask=o_m < (rows_out if WRITE_LSE2 else seqlen_q))
+    if WRITE_LSE2:
         lse = tl.load(p_lse + i_b64 * stride_lse_b + i_h * stride_lse_h + o_m, mask=o_m < seqlen_q, other=0.0)
         p_lse2 += i_b64 * stride_delta_b + i_h * stride_delta_h
         tl.store(p_lse2 + o_m, lse * LOG2E, mask=o_m < rows_out)
         p_dqa += i_b64 * stride_dqa_b + i_h * stride_dqa_h
         zeros = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         tl.store(p_dqa + o_m[:, None].to(tl.int64) * stride_dqa_s + o_d[None, :], zeros, mask=m_o)
-    else:
-        tl.store(p_delta + o_m, tl.sum(b_o * b_do, 1), mask=o_m < seqlen_q)
 
 
 @triton.jit

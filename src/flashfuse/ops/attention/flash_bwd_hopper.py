@@ -36,7 +36,7 @@ import torch
 
 from .._triton import cdiv
 from . import flash_fwd_hopper
-from .flash_fwd_hopper import _smem_layout, gluon, host_descriptor
+from .flash_fwd_hopper import _smem_layout, bind_cuda_context, gluon, host_descriptor, sequence_descriptor
 
 LOG2E = flash_fwd_hopper.LOG2E
 # Where this kernel can run and which tensors its host-side descriptors take: as the forward's.
@@ -302,11 +302,10 @@ def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     cfg = dict(config)
     block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
-    torch.cuda.is_current_stream_capturing()        # binds the CUDA context first (flash_fwd_hopper)
+    bind_cuda_context()
 
     def desc(t, seqlen, heads, box):
-        return host_descriptor(t, [batch, seqlen, heads, head_dim], list(t.stride()), [1, box, 1, head_dim],
-                               _smem_layout([1, box, 1, head_dim], t.dtype))
+        return sequence_descriptor(t, batch, seqlen, heads, t.stride(), box)
 
     vec_descs = [host_descriptor(t, list(t.shape), list(t.stride()), [1, block_m], _VEC_LAYOUT) for t in (lse2, delta)]
     grid = (cdiv(seqlen_k, block_n) * batch * nheads_k, )

@@ -379,6 +379,21 @@ def host_descriptor(base, shape, strides, block_shape, layout):
     return desc
 
 
+def sequence_descriptor(t, batch, seqlen, heads, strides, box):
+    """The 4-D host-side descriptor over a [batch, seqlen, heads, head dim] tensor with [1, box, 1, head dim]
+    boxes that both Gluon kernels use (rows past seqlen zero-filled on loads, dropped on stores)."""
+    head_dim = t.shape[-1]
+    return host_descriptor(t, [batch, seqlen, heads, head_dim], list(strides), [1, box, 1, head_dim],
+                           _smem_layout([1, box, 1, head_dim], t.dtype))
+
+
+def bind_cuda_context():
+    """triton encodes host-side descriptors before its launcher binds the CUDA context to the calling thread,
+    and a new thread has none yet ("invalid device context"): any CUDA runtime call binds it, and this one is
+    also legal while a CUDA graph is being captured."""
+    torch.cuda.is_current_stream_capturing()
+
+
 def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
                    nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config):
     """Launch on validated inputs (flash_fwd's fast-path checks, TMA alignment included)."""
@@ -392,12 +407,8 @@ def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_stri
     # must swizzle alike.
     assert all(_smem_layout([1, box, 1, head_dim], q.dtype).swizzle_byte_width
                == _smem_layout([box, head_dim], q.dtype).swizzle_byte_width for box in (rows, block_n))
-    # triton encodes host-side descriptors before its launcher binds the CUDA context to the calling thread,
-    # and a new thread has none yet ("invalid device context"): any CUDA runtime call binds it, and this one
-    # is also legal while a CUDA graph is being captured.
-    torch.cuda.is_current_stream_capturing()
-    descs = [host_descriptor(t, [batch, seqlen, heads, head_dim], list(strides), [1, box, 1, head_dim],
-                             _smem_layout([1, box, 1, head_dim], q.dtype))
+    bind_cuda_context()
+    descs = [sequence_descriptor(t, batch, seqlen, heads, strides, box)
              for t, seqlen, heads, strides, box in ((q, seqlen_q, nheads_q, q_strides, rows),
                                                     (k, seqlen_k, nheads_k, k_strides, block_n),
                                                     (v, seqlen_k, nheads_k, v_strides, block_n),
