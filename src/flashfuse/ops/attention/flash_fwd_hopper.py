@@ -111,15 +111,30 @@ if gluon is not None:
         return buf._reinterpret(buf.dtype, desc.block_type.shape, desc.layout)
 
     @gluon.jit
-    def _ws_tile(t, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT: gl.constexpr,
-                 BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-        """Tile t -> (batch*head, first row, number of key blocks): the row blocks of one head side by side
-        (K / V reuse in L2), causal heaviest (last) first. (Causal with all heads' heaviest blocks first,
-        for a balanced static round-robin, measured slower: the K / V in flight no longer fit L2.)"""
-        i_m = t % n_m_blocks
-        if HAS_RIGHT:
-            i_m = n_m_blocks - 1 - i_m
-        i_bh = t // n_m_blocks
+    def _ws_tiles(n_units, PAIRED: gl.constexpr):
+        """How many tiles this program walks: units u = program_id, + num_programs, ... of n_units, one tile each or,
+        PAIRED, two (see _ws_tile)."""
+        n_mine = gl.cdiv(n_units - gl.program_id(0), gl.num_programs(0))
+        return 2 * n_mine if PAIRED else n_mine
+
+    @gluon.jit
+    def _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                 PAIRED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """This program's k-th tile -> (batch*head, first row, number of key blocks). The row blocks of one head
+        side by side (K / V reuse in L2), causal heaviest (last) first. PAIRED (persistent causal, an even number
+        n of row blocks): a unit is row blocks n - 1 - i and i of one head, one after the other, so that every unit
+        holds n + 1 key blocks and the static round-robin over units stays balanced (one tile per unit gave one
+        program twice another's work; causal with all heads' heaviest blocks first measured slower: the K / V in
+        flight no longer fit L2)."""
+        if PAIRED:
+            t = 2 * (gl.program_id(0) + (k // 2) * gl.num_programs(0)) + k % 2
+            i = (t % n_m_blocks) // 2
+            i_m = n_m_blocks - 1 - i + (t % 2) * (2 * i + 1 - n_m_blocks)        # odd t: block i
+        else:
+            t = gl.program_id(0) + k * gl.num_programs(0)
+            i_m = t % n_m_blocks
+            if HAS_RIGHT:
+                i_m = n_m_blocks - 1 - i_m
         m0 = i_m * BLOCK_M
         hi = seqlen_k
         if HAS_RIGHT:
@@ -127,25 +142,25 @@ if gluon is not None:
             last_row = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
             hi = gl.maximum(gl.minimum(last_row + off + window_right + 1, seqlen_k), 0)
         # A block whose rows see no key still runs block 0, fully masked: O = 0, lse = +inf.
-        return i_bh, m0, gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
+        return t // n_m_blocks, m0, gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
 
     @gluon.jit
     def _ws_producer(descs, smem, bars, shape, window_right, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                     CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+                     PAIRED: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
         """One warp: per tile, Q into each consumer's slot once that consumer's last Q K^T of the previous
         tile is done, then K_j / V_j into ring slot c % NUM_STAGES (c counts key blocks over all tiles) once
         all consumers released it."""
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem, o_smem = smem
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
-        nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_tiles = shape
+        nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_units = shape
         ROWS: gl.constexpr = BLOCK_M // CONSUMERS
         tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
         c = 0
         it = 0
-        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            i_bh, m0, n_blocks = _ws_tile(t, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT,
-                                          BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+        for k in range(_ws_tiles(n_units, PAIRED)):
+            i_bh, m0, n_blocks = _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT,
+                                          PAIRED, BLOCK_M, BLOCK_N)
             i_b = i_bh // nheads_q
             i_h = i_bh % nheads_q
             i_hk = i_h // group
@@ -170,7 +185,8 @@ if gluon is not None:
 
     @gluon.jit
     def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale,
-                     WG: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, CONSUMERS: gl.constexpr,
+                     WG: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr,
+                     CONSUMERS: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
         """One warpgroup, rows [m0 + WG * ROWS, +ROWS) of each tile (ROWS = BLOCK_M / CONSUMERS): the schedule in the module
         docstring (S_j issued beside P_{j-1} V_{j-1}), releasing K / V slots and its Q slot through mbarriers
@@ -179,7 +195,7 @@ if gluon is not None:
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem, o_smem = smem
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
-        nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_tiles = shape
+        nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_units = shape
         ROWS: gl.constexpr = BLOCK_M // CONSUMERS
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -193,9 +209,9 @@ if gluon is not None:
         zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
         c = 0
         it = 0
-        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            i_bh, m0, n_blocks = _ws_tile(t, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT,
-                                          BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+        for k in range(_ws_tiles(n_units, PAIRED)):
+            i_bh, m0, n_blocks = _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT,
+                                          PAIRED, BLOCK_M, BLOCK_N)
             row0 = m0 + WG * ROWS
             full_end = seqlen_k
             if HAS_RIGHT:
@@ -258,14 +274,15 @@ if gluon is not None:
     @gluon.jit
     def _flash_fwd_hopper_kernel(
         q_desc, k_desc, v_desc, o_desc, p_lse, stride_lse_b, stride_lse_h,
-        nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_right, n_tiles,
-        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, CONSUMERS: gl.constexpr,
+        nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_right, n_units,
+        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
         Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     ):
         # Host-side TMA descriptors over q, o [batch, seqlen_q, nheads_q, HEAD_DIM] (boxes [1, 64, 1, HEAD_DIM]) and k, v [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]): rows past
         # a sequence's end are zero-filled on loads and dropped on stores. lse [batch, nheads_q, seqlen_q] fp32.
-        # Grid (min(n_tiles, programs),): n_tiles = cdiv(seqlen_q, BLOCK_M) * batch * nheads_q. CONSUMERS (2 or 3)
+        # Grid (min(n_units, programs),): n_units = cdiv(seqlen_q, BLOCK_M) * batch * nheads_q tiles, or PAIRED (persistent
+        # causal, an even row-block count) half as many pairs of tiles (_ws_tile). CONSUMERS (2 or 3)
         # warpgroups of 64 rows: num_warps = 4 is the first (the default partition); the other consumers and the
         # producer warp are the workers.
         gl.static_assert(num_warps == 4)
@@ -294,25 +311,25 @@ if gluon is not None:
         descs = (q_desc, k_desc, v_desc, o_desc)
         smem = (q_smem, k_smem, v_smem, o_smem)
         bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
-        shape = (nheads_q, group, seqlen_q, seqlen_k, gl.cdiv(seqlen_q, BLOCK_M), n_tiles)
+        shape = (nheads_q, group, seqlen_q, seqlen_k, gl.cdiv(seqlen_q, BLOCK_M), n_units)
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 0,
-                                HAS_RIGHT, BOTTOM_RIGHT, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                                HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 1,
-                                HAS_RIGHT, BOTTOM_RIGHT, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
-                (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, CONSUMERS, BLOCK_M,
+                                HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES)),
             ], [4, 1], [CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 0,
-                                HAS_RIGHT, BOTTOM_RIGHT, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                                HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 1,
-                                HAS_RIGHT, BOTTOM_RIGHT, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                                HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 2,
-                                HAS_RIGHT, BOTTOM_RIGHT, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
-                (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, CONSUMERS, BLOCK_M,
+                                HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
@@ -401,8 +418,12 @@ def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_stri
     cfg = dict(config)
     block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
     rows = block_m // cfg["CONSUMERS"]          # 64: one consumer warpgroup's rows
-    n_tiles = cdiv(seqlen_q, block_m) * batch * nheads_q
-    programs = min(n_tiles, sm_count(q.device)) if cfg.pop("PERSISTENT") else n_tiles
+    n_m_blocks = cdiv(seqlen_q, block_m)
+    paired = cfg["PERSISTENT"] and window_right >= 0     # persistent causal: units of two row blocks (_ws_tile)
+    if paired and n_m_blocks % 2:
+        cfg["PERSISTENT"] = paired = False               # an odd count: one tile per program instead
+    n_units = n_m_blocks * batch * nheads_q // (2 if paired else 1)
+    programs = min(n_units, sm_count(q.device)) if cfg.pop("PERSISTENT") else n_units
     # The kernel reads each [1, box, 1, head_dim] TMA box as a [box, head_dim] tile (_tma_box): the two layouts
     # must swizzle alike.
     assert all(_smem_layout([1, box, 1, head_dim], q.dtype).swizzle_byte_width
@@ -415,7 +436,7 @@ def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_stri
                                                     (out, seqlen_q, nheads_q, o_strides, rows))]
     _flash_fwd_hopper_kernel[(programs, )](
         *descs, lse, *lse_strides, nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, qk_scale, window_right,
-        n_tiles, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_M=block_m, BLOCK_N=block_n,
+        n_units, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, PAIRED=paired, BLOCK_M=block_m, BLOCK_N=block_n,
         HEAD_DIM=head_dim, Q_SMEM=_smem_layout([rows, head_dim], q.dtype),
         KV_SMEM=_smem_layout([block_n, head_dim], q.dtype), **cfg)
     return out, lse
