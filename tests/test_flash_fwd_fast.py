@@ -121,23 +121,24 @@ def test_tma_allocator_set_once():
 
 def test_hopper_forward_plan():
     """flash_fwd_hopper's Gluon kernel: never in the interpreter (Gluon has none), and on the GPU only where
-    its table says it measured faster: head dims 64 and 128, persistent without a mask (from 1024 / 512 keys;
-    hd64 with three consumer warpgroups from 8192), one tile per program causal (from 4096 / 512), grids of two
-    waves or more. The kernel runs in the GPU tier (test_flash_attn_gpu.py)."""
+    its table says it measured faster: head dims 64 and 128 from 512 keys, persistent (hd64 with three consumer
+    warpgroups from 8192 keys without a mask; hd64 causal one tile per program from 16384), grids of two waves or
+    more. The kernel runs in the GPU tier (test_flash_attn_gpu.py)."""
     from flashfuse.ops.attention import flash_fwd_hopper as hopper
 
     assert not hopper.available(torch.device("cpu"))
-    config = hopper.hopper_forward_config(64, False, 1024, 1024, 16 * 32, 132)
+    config = hopper.hopper_forward_config(64, False, 512, 512, 32 * 32, 132)
     assert config == hopper.HOPPER_CONFIGS[(64, False)][0][1] and config is not hopper.HOPPER_CONFIGS[(64, False)][0][1]
     assert config["PERSISTENT"] and config["CONSUMERS"] == 2
     config = hopper.hopper_forward_config(64, False, 8192, 8192, 2 * 32, 132)
     assert config["PERSISTENT"] and config["CONSUMERS"] == 3 and config["BLOCK_M"] == 192
     assert hopper.hopper_forward_config(128, False, 512, 512, 32 * 16, 132)["PERSISTENT"]
-    assert not hopper.hopper_forward_config(128, True, 512, 512, 32 * 16, 132)["PERSISTENT"]
-    assert not hopper.hopper_forward_config(64, True, 4096, 4096, 4 * 32, 132)["PERSISTENT"]
-    assert hopper.hopper_forward_config(64, True, 2048, 2048, 8 * 32, 132) is None        # short causal loop
+    assert hopper.hopper_forward_config(128, True, 512, 512, 32 * 16, 132)["PERSISTENT"]
+    assert hopper.hopper_forward_config(64, True, 4096, 4096, 4 * 32, 132)["PERSISTENT"]
+    assert not hopper.hopper_forward_config(64, True, 16384, 16384, 1 * 32, 132)["PERSISTENT"]
+    assert hopper.hopper_forward_config(64, True, 256, 256, 64 * 32, 132) is None         # short causal loop
     assert hopper.hopper_forward_config(96, False, 4096, 4096, 16 * 16, 132) is None      # no entry
-    assert hopper.hopper_forward_config(64, False, 1024, 512, 16 * 32, 132) is None       # short key loop
+    assert hopper.hopper_forward_config(64, False, 1024, 256, 16 * 32, 132) is None       # short key loop
     assert hopper.hopper_forward_config(128, True, 256, 256, 64 * 16, 132) is None        # short key loop
     assert hopper.hopper_forward_config(64, False, 2048, 2048, 4, 132) is None            # under two waves
     q = torch.empty(2, 8, 4, 64)

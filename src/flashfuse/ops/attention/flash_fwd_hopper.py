@@ -337,16 +337,18 @@ _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, nu
 
 # (head dim, right window / causal) -> ((shortest key loop, config), ...): where this kernel measured faster
 # than flash_fwd's (H200, bf16, 16384 tokens, model dim 2048, TFLOP/s at S = 512 / 1K / 2K / 4K / 8K / 16K;
-# benchmarks/NOTES.md session 15). A call takes the last entry whose key loop is at most seqlen_k.
+# benchmarks/NOTES.md sessions 15-17). A call takes the last entry whose key loop is at most seqlen_k.
 # - hd128 without a mask, persistent: 466 / 542 / 581 / 588 / 594 / 599 (one tile per program: 405 / 490 / 548
 #   / 585 / 604 / 612) vs Triton's 294 / 384 / 473 / 505 / 525 / 544; cuDNN 499 / 564 / 585 / 609 / 606 / 615.
-# - hd128 causal, one tile per program, heaviest first: 248 / 364 / 461 / 530 / 571 / 613 vs 212 / 287 / 368 /
-#   443 / 492 / 542; cuDNN 331 / 417 / 489 / 522 / 536 / 560. Persistent: 437 at 16K.
-# - hd64 without a mask, persistent: 220 / 416 / 453 / 456 / 461 / 459 vs Triton's 303 / 374 (S <= 1K) and
-#   session 14's one-warpgroup Gluon kernel 440 / 446 / 456 / 457 (2K..16K); cuDNN 390 / 431 / 455 / 461 /
-#   468 / 460.
-# - hd64 causal, one tile per program: 143 / 247 / 332 / 391 / 429 / 459 vs Triton's 185 / 277 / 337 / 376 / 398
-#   / 414, so from 4K; cuDNN 261 / 337 / 392 / 426 / 442 / 444.
+# - hd128 causal, persistent over paired row blocks (session 17, CUDA-graph timed, same run): 292 / 415 / 498 / 549
+#   / 582 / 602 vs one tile per program (heaviest first) 253 / 358 / 450 / 514 / 559 / 605 and Triton's 217 / 290 /
+#   357 / 432 / 478 / 529; cuDNN 306 / 391 / 457 / 499 / 536 / 553. (Persistent with one tile per unit: 437 at 16K.)
+# - hd64 without a mask, persistent (session 17): 347 / 400 / 433 / 446 vs Triton's 291 / 358 / 380 / 398 at S =
+#   512..4K; cuDNN 369 / 411 / 435 / 450. (Session 15, device-side descriptors: 220 at 512.)
+# - hd64 causal, paired (session 17): 211 / 300 / 356 / 390 / 412 / 424 vs one tile per program 165 / 248 / 324 /
+#   374 / 411 / 436 and Triton's 191 / 270 / 325 / 363 / 389 / 404; cuDNN 252 / 320 / 372 / 406 / 427 / 436. At 16K
+#   the paired units' last wave is half empty (2048 units on 132 SMs), one tile per program is balanced by the
+#   hardware scheduler.
 # - hd64 without a mask from 8K keys: three consumer warpgroups (192-row tiles, 160 registers each: ptxas spills 12
 #   bytes), persistent: 480 / 485 at 8K / 16K vs two consumers' 456 / 458, cuDNN 456 / 460 (session 16; 435 / 455 vs
 #   447 / 456 at 2K / 4K). With 64-key tiles (no spill) 8-12% slower, also causal (causal with 128-key tiles spills
@@ -355,10 +357,10 @@ _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, nu
 # hd128. Three: 128 at launch (16 warps), 160 per consumer.
 _THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_REGS=160)
 HOPPER_CONFIGS = {
-    (64, False): ((1024, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
-    (64, True): ((4096, dict(_WARP_SPECIALIZED, PERSISTENT=False)), ),
+    (64, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
+    (64, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (16384, dict(_WARP_SPECIALIZED, PERSISTENT=False))),
     (128, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
-    (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=False)), ),
+    (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
 }
 
 
