@@ -517,7 +517,8 @@ def _hopper_id(headdim, config):
 HOPPER_GPU_CONFIGS = [(64, _hopper(True)), (64, _hopper(False)), (128, _hopper(True)), (128, _hopper(False)),
                       (64, _hopper(True, consumers=3)), (64, _hopper(False, bn=64, consumers=3)),
                       (128, _hopper(True, bn=64, stages=4)), (64, _hopper(False, stages=3))]
-HOPPER_GPU_SHAPES = FAST_GPU_SHAPES + [(BF16, (1, 77), MHA, {}), (F16, (300, 100), GQA, {"causal": True})]
+HOPPER_GPU_SHAPES = FAST_GPU_SHAPES + [(BF16, (1, 77), MHA, {}), (F16, (300, 100), GQA, {"causal": True}),
+                                      (BF16, (1500, 777), GQA, {"window_size": (-1, 32)})]  # paired, rows with no key
 HOPPER_GPU_CASES = [(d, cfg, *shape) for d, cfg in HOPPER_GPU_CONFIGS for shape in HOPPER_GPU_SHAPES]
 
 
