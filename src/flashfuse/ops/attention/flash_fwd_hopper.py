@@ -85,12 +85,11 @@ if gluon is not None:
 
     @gluon.jit
     def _softmax_block(s, m_i, l_i, j, m0, seqlen_q, seqlen_k, full_end, window_right, qk_scale,
-                       MASKED: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
+                       HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
                        BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
         """Online-softmax step for key block j: s [BLOCK_M, BLOCK_N] raw Q K^T (fp32, s_layout).
-        Returns (p, alpha, m_new, l_new); MASKED: a block reaching past full_end, which gets the causal / length
-        mask."""
-        if MASKED:
+        Returns (p, alpha, m_new, l_new); blocks reaching past full_end get the causal / length mask."""
+        if (j + 1) * BLOCK_N > full_end:
             cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
             visible = gl.expand_dims(cols < seqlen_k, 0)
@@ -185,29 +184,6 @@ if gluon is not None:
             it += 1
 
     @gluon.jit
-    def _ws_step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p_op, m_i, l_i, row0, seqlen_q,
-                 seqlen_k, full_end, window_right, qk_scale, zero_s, MASKED: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                 BOTTOM_RIGHT: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                 s_layout: gl.constexpr, o_rows: gl.constexpr, p_layout: gl.constexpr):
-        """Key block j of a consumer's tile (c: the ring position of its block 0): issue S_j = Q K_j^T and
-        acc += P_{j-1} V_{j-1}, wait for S_j, softmax it (masked if MASKED) while P V runs, then rescale."""
-        slot = (c + j) % NUM_STAGES
-        prev = (c + j - 1) % NUM_STAGES
-        mbarrier.wait(k_ready.index(slot), ((c + j) // NUM_STAGES) & 1)
-        s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(prev), ((c + j - 1) // NUM_STAGES) & 1)
-        acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))       # S_j done; P V still running
-        mbarrier.arrive(k_empty.index(slot), count=1)
-        p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j, row0, seqlen_q, seqlen_k, full_end, window_right, qk_scale,
-                                            MASKED, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, s_layout)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
-        mbarrier.arrive(v_empty.index(prev), count=1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-        p_op = gl.convert_layout(p.to(p_op.dtype), p_layout)
-        return acc, p_op, m_i, l_i
-
-    @gluon.jit
     def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale,
                      WG: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr,
                      CONSUMERS: gl.constexpr,
@@ -251,27 +227,25 @@ if gluon is not None:
                                   is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
             mbarrier.arrive(k_empty.index(c % NUM_STAGES), count=1)
-            if BLOCK_N > full_end:
-                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, 0, row0, seqlen_q, seqlen_k, full_end, window_right,
-                                                    qk_scale, True, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, s_layout)
-            else:
-                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, 0, row0, seqlen_q, seqlen_k, full_end, window_right,
-                                                    qk_scale, False, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, s_layout)
+            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, 0, row0, seqlen_q, seqlen_k, full_end, window_right,
+                                                qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, s_layout)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-            # Key blocks past full_end need the causal / length mask; the loop is split there so that the mask's
-            # column indices are live only in the second loop (in one loop they stay hoisted in registers: ptxas
-            # spilled them with three consumers).
-            n_unmasked = gl.maximum(gl.minimum(full_end // BLOCK_N, n_blocks), 1)
-            for j in range(1, n_unmasked):
-                acc, p_op, m_i, l_i = _ws_step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p_op,
-                                               m_i, l_i, row0, seqlen_q, seqlen_k, full_end, window_right, qk_scale,
-                                               zero_s, False, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, NUM_STAGES,
-                                               s_layout, o_rows, p_layout)
-            for j in range(n_unmasked, n_blocks):
-                acc, p_op, m_i, l_i = _ws_step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p_op,
-                                               m_i, l_i, row0, seqlen_q, seqlen_k, full_end, window_right, qk_scale,
-                                               zero_s, True, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, NUM_STAGES,
-                                               s_layout, o_rows, p_layout)
+            for j in range(1, n_blocks):
+                slot = (c + j) % NUM_STAGES
+                prev = (c + j - 1) % NUM_STAGES
+                mbarrier.wait(k_ready.index(slot), ((c + j) // NUM_STAGES) & 1)
+                s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                mbarrier.wait(v_ready.index(prev), ((c + j - 1) // NUM_STAGES) & 1)
+                acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))       # S_j done; P V still running
+                mbarrier.arrive(k_empty.index(slot), count=1)
+                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j, row0, seqlen_q, seqlen_k, full_end,
+                                                    window_right, qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N,
+                                                    s_layout)
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
+                mbarrier.arrive(v_empty.index(prev), count=1)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
             mbarrier.arrive(q_empty.index(WG), count=1)      # every Q K^T of this tile is done
             last = c + n_blocks - 1
             mbarrier.wait(v_ready.index(last % NUM_STAGES), (last // NUM_STAGES) & 1)
