@@ -73,3 +73,60 @@ def cdiv(a: int, b: int) -> int:
 
 def next_power_of_2(n: int, minimum: int = 1) -> int:
     return max(1 << (n - 1).bit_length() if n > 0 else 1, minimum)
+
+
+# The triton release whose launcher signature LaunchCache calls directly (the GPU image's; measured there).
+FAST_LAUNCH_TRITON = "3.6."
+
+
+def _arg_specialization(arg):
+    """What triton 3.6 specializes a runtime argument on (triton's native_specialize_impl): an int's width,
+    divisibility by 16 and value 1; a tensor's dtype and 16-byte alignment; a tensor descriptor's dtype, block
+    shape and layout; a float or bool by type only."""
+    if isinstance(arg, bool) or isinstance(arg, float) or arg is None:
+        return type(arg)
+    if isinstance(arg, int):
+        return (arg == 1, arg % 16 == 0, -2 ** 31 <= arg < 2 ** 31, arg < 2 ** 63)
+    if isinstance(arg, torch.Tensor):
+        return (arg.dtype, arg.data_ptr() % 16 == 0)
+    return (type(arg), arg.base.dtype, tuple(arg.block_shape), arg.layout)      # a host-side TensorDescriptor
+
+
+class LaunchCache:
+    """`kernel[grid](*args, **constexprs)` without triton's per-launch argument binding: triton binds, specializes
+    and hashes every argument on each launch, ~40-60 us of host time per launch on the GPU machine, which is
+    what a short attention call costs in all (benchmarks/NOTES.md, session 17). The compiled kernel is kept per
+    (device, constexprs, runtime arguments' specialization as triton 3.6 derives it) and launched directly; a
+    new combination goes through triton's path once. Only on the release whose launcher this calls
+    (FAST_LAUNCH_TRITON) and without launch hooks (profilers); the interpreter and other releases take the plain
+    launch. Runtime arguments must be passed positionally, before the constexprs in the kernel's signature."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.compiled = {}
+        self.fast = not INTERPRET and triton.__version__.startswith(FAST_LAUNCH_TRITON)
+
+    def __call__(self, grid, *args, **constexprs):
+        if not self.fast or _launch_hooks():
+            self.kernel[grid](*args, **constexprs)
+            return
+        device = torch.cuda.current_device()
+        key = (device, tuple(constexprs.items()), tuple(map(_arg_specialization, args)))
+        entry = self.compiled.get(key)
+        if entry is None:
+            compiled = self.kernel[grid](*args, **constexprs)
+            tail = tuple(constexprs[name] for name in self.kernel.arg_names[len(args):])
+            self.compiled[key] = (compiled, tail)
+            return
+        compiled, tail = entry
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                     compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
+
+
+def _launch_hooks() -> bool:
+    """Whether a profiler (or anyone) hooked triton's launches: those must see every launch."""
+    from triton import knobs
+
+    return any(hook is not None and getattr(hook, "calls", True)
+               for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from ..._env import INTERPRET
-from .._triton import cdiv, dot, ensure_tma_allocator
+from .._triton import LaunchCache, cdiv, dot, ensure_tma_allocator, next_power_of_2
 from ._flash_common import LOG2E, kernel_options, key_block_phases, query_block_phases, score_mod, seq_bounds
 from . import flash_bwd_hopper
 from .dropout import dropout_keep
@@ -74,6 +74,9 @@ def _bwd_preprocess_kernel(p_o, p_do, p_delta, p_lse, p_lse2, p_dqa, p_cu_seqlen
         p_dqa += i_b64 * stride_dqa_b + i_h * stride_dqa_h
         zeros = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         tl.store(p_dqa + o_m[:, None].to(tl.int64) * stride_dqa_s + o_d[None, :], zeros, mask=m_o)
+
+
+_launch_preprocess = LaunchCache(_bwd_preprocess_kernel)
 
 
 @triton.jit
@@ -624,10 +627,10 @@ def hopper_backward_inputs(out, dout, lse, block_m: int):
     delta = torch.empty((batch * nheads_q, rows), dtype=torch.float32, device=out.device)
     lse2 = torch.empty_like(delta)
     dq_acc = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-    _bwd_preprocess_kernel[(rows // block_m, batch * nheads_q)](
-        out, dout, delta, lse, lse2, dq_acc, delta, *out.stride()[:3], *dout.stride()[:3], nheads_q * rows, rows,
+    _launch_preprocess(
+        (rows // block_m, batch * nheads_q), out, dout, delta, lse, lse2, dq_acc, delta, *out.stride()[:3], *dout.stride()[:3], nheads_q * rows, rows,
         *lse.stride()[:2], *dq_acc.stride()[:3], nheads_q, seqlen_q, rows, head_dim, IS_VARLEN=False,
-        WRITE_LSE2=True, BLOCK_M=block_m, BLOCK_D=triton.next_power_of_2(head_dim))
+        WRITE_LSE2=True, BLOCK_M=block_m, BLOCK_D=next_power_of_2(head_dim))
     return delta, lse2, dq_acc
 
 

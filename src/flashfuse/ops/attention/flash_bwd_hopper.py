@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from .._triton import cdiv
+from .._triton import LaunchCache, cdiv
 from . import flash_fwd_hopper
 from .flash_fwd_hopper import _smem_layout, bind_cuda_context, gluon, host_descriptor, sequence_descriptor
 
@@ -273,6 +273,8 @@ if gluon is not None:
                              BLOCK_N, HEAD_DIM, NUM_STAGES)),
         ], [1], [24])
 
+    _launch_backward = LaunchCache(_flash_bwd_hopper_kernel)
+
 
 # lse2 / delta rows: TMA boxes [1, BLOCK_M] fp32, unswizzled.
 _VEC_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2) if gluon is not None else None
@@ -309,8 +311,8 @@ def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_
 
     vec_descs = [host_descriptor(t, list(t.shape), list(t.stride()), [1, block_m], _VEC_LAYOUT) for t in (lse2, delta)]
     grid = (cdiv(seqlen_k, block_n) * batch * nheads_k, )
-    _flash_bwd_hopper_kernel[grid](
-        desc(q, seqlen_q, nheads_q, block_m), desc(k, seqlen_k, nheads_k, block_n),
+    _launch_backward(
+        grid, desc(q, seqlen_q, nheads_q, block_m), desc(k, seqlen_k, nheads_k, block_n),
         desc(v, seqlen_k, nheads_k, block_n), desc(dout, seqlen_q, nheads_q, block_m), *vec_descs,
         desc(dq_acc, seqlen_q, nheads_q, block_m), desc(dk, seqlen_k, nheads_k, block_n),
         desc(dv, seqlen_k, nheads_k, block_n), dk, dv, *dk.stride()[:3],

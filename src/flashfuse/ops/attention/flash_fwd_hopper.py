@@ -43,7 +43,7 @@ import torch
 import triton
 
 from ..._env import INTERPRET
-from .._triton import cdiv, sm_count
+from .._triton import LaunchCache, cdiv, sm_count
 
 # The triton release this file's Gluon code is written and GPU-tested against.
 GLUON_TRITON = "3.6."
@@ -333,6 +333,8 @@ if gluon is not None:
                                 BLOCK_N, HEAD_DIM, NUM_STAGES)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
+    _launch_forward = LaunchCache(_flash_fwd_hopper_kernel)
+
 _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, num_warps=4, CONSUMER_REGS=240)
 
 # (head dim, right window / causal) -> ((shortest key loop, config), ...): where this kernel measured faster
@@ -436,8 +438,8 @@ def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_stri
                                                     (k, seqlen_k, nheads_k, k_strides, block_n),
                                                     (v, seqlen_k, nheads_k, v_strides, block_n),
                                                     (out, seqlen_q, nheads_q, o_strides, rows))]
-    _flash_fwd_hopper_kernel[(programs, )](
-        *descs, lse, *lse_strides, nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, qk_scale, window_right,
+    _launch_forward(
+        (programs, ), *descs, lse, *lse_strides, nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, qk_scale, window_right,
         n_units, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, PAIRED=paired, BLOCK_M=block_m, BLOCK_N=block_n,
         HEAD_DIM=head_dim, Q_SMEM=_smem_layout([rows, head_dim], q.dtype),
         KV_SMEM=_smem_layout([block_n, head_dim], q.dtype), **cfg)

@@ -1,0 +1,146 @@
+"""ops/_triton.LaunchCache: the direct launch of an already compiled kernel (the Gluon attention kernels and their
+preprocess). CPU tier: the cache's bookkeeping with a stand-in kernel (which compiled variant a launch takes, the
+constexprs appended in signature order, the plain launch in the interpreter and under launch hooks). GPU tier:
+its key against triton's own specialization, and repeated attention calls through it."""
+
+import pytest
+import torch
+
+from flashfuse.ops import _triton
+from flashfuse.ops._triton import LaunchCache, _arg_specialization
+
+
+class _Compiled:
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+        self.function, self.packed_metadata = f"fn-{name}", f"meta-{name}"
+
+    def run(self, *launch):
+        self.calls.append((self.name, launch))
+
+
+class _Kernel:
+    """Stands in for a JITFunction: kernel[grid](*args, **constexprs) 'compiles' one variant per call."""
+    arg_names = ["p_x", "n", "scale", "BLOCK", "num_warps"]
+
+    def __init__(self):
+        self.compiles, self.calls = [], []
+
+    def __getitem__(self, grid):
+        def launch(*args, **constexprs):
+            compiled = _Compiled(len(self.compiles), self.calls)
+            self.compiles.append((grid, args, constexprs))
+            return compiled
+        return launch
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    """The fast path as on the GPU machine (triton 3.6, compiled), with a fake current device and stream."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    monkeypatch.setattr(_triton, "_launch_hooks", lambda: False)
+    kernel = _Kernel()
+    cache = LaunchCache(kernel)
+    cache.fast = True
+    return kernel, cache
+
+
+def test_launch_cache_reuses_compiled_kernel(fast):
+    kernel, cache = fast
+    x = torch.zeros(64)
+    cache((4, 2), x, 32, 0.5, BLOCK=128, num_warps=4)
+    assert len(kernel.compiles) == 1 and kernel.calls == []            # the first launch goes through triton
+    cache((7, ), x, 48, 0.25, BLOCK=128, num_warps=4)                  # same specialization: 32 and 48 are 16k
+    assert len(kernel.compiles) == 1
+    assert kernel.calls == [(0, (7, 1, 1, 1234, "fn-0", "meta-0", None, None, None, x, 48, 0.25, 128, 4))]
+
+
+@pytest.mark.parametrize("change", ["int not a multiple of 16", "int 1", "int64", "constexpr", "dtype", "alignment"])
+def test_launch_cache_new_specialization_compiles(fast, change):
+    """Anything triton specializes on gives another compiled variant, never a launch of the wrong one."""
+    kernel, cache = fast
+    x = torch.zeros(64)
+    cache((1, ), x, 32, 0.5, BLOCK=128, num_warps=4)
+    args, constexprs = [x, 32, 0.5], dict(BLOCK=128, num_warps=4)
+    if change == "int not a multiple of 16":
+        args[1] = 33
+    elif change == "int 1":
+        args[1] = 1
+    elif change == "int64":
+        args[1] = 2 ** 32
+    elif change == "constexpr":
+        constexprs["BLOCK"] = 64
+    elif change == "dtype":
+        args[0] = torch.zeros(64, dtype=torch.float16)
+    else:
+        args[0] = x[1:]                                              # 4 bytes past a 16-byte boundary
+    cache((1, ), *args, **constexprs)
+    assert len(kernel.compiles) == 2 and kernel.calls == []
+
+
+def test_arg_specialization_of_floats_and_bools():
+    assert _arg_specialization(0.5) == _arg_specialization(3.0)
+    assert _arg_specialization(True) != _arg_specialization(1)
+    assert _arg_specialization(None) != _arg_specialization(0)
+
+
+def test_launch_cache_plain_launch(monkeypatch):
+    """In the interpreter (this tier) and whenever launch hooks are set, every launch is triton's own."""
+    kernel = _Kernel()
+    cache = LaunchCache(kernel)
+    assert not cache.fast
+    for _ in range(2):
+        cache((1, ), torch.zeros(4), 16, 1.0, BLOCK=16, num_warps=1)
+    assert len(kernel.compiles) == 2 and kernel.calls == []
+    cache.fast = True
+    monkeypatch.setattr(_triton, "_launch_hooks", lambda: True)
+    cache((1, ), torch.zeros(4), 16, 1.0, BLOCK=16, num_warps=1)
+    assert len(kernel.compiles) == 3 and kernel.calls == []
+
+
+@pytest.mark.gpu
+def test_arg_specialization_matches_triton_gpu():
+    """Where the fast path runs (triton FAST_LAUNCH_TRITON on the GPU): arguments with the same key get the same
+    specialization from triton itself."""
+    import triton
+    if not triton.__version__.startswith(_triton.FAST_LAUNCH_TRITON):
+        pytest.skip(f"the fast launch is used with triton {_triton.FAST_LAUNCH_TRITON}x only (here {triton.__version__})")
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    base = torch.zeros(1024, device="cuda", dtype=torch.bfloat16)
+    values = [0, 1, 2, 15, 16, 17, 32, -16, -1, 2 ** 31 - 16, 2 ** 31, 2 ** 40, 2 ** 63, 0.5, 1.0, True, False,
+              base, base[8:], base[1:], base.float(), base.view(torch.int16)]
+    seen = {}
+    for value in values:
+        triton_spec = native_specialize_impl(CUDABackend, value, False, True, True)
+        ours = _arg_specialization(value)
+        assert seen.setdefault(ours, triton_spec) == triton_spec, (value, ours, triton_spec)
+
+
+@pytest.mark.gpu
+def test_repeated_attention_calls_gpu():
+    """The second and later calls (the direct launch) give the first call's output, dK and dV bit for bit, also
+    after a call of another specialization in between (seqlen 1000: not a multiple of 16); dQ within bf16 rounding in
+    norm (the Gluon backward adds dQ with fp32 atomics, in no fixed order)."""
+    from flashfuse import flash_attn_func
+    from flashfuse.ops.attention import flash_fwd_hopper
+    if not flash_fwd_hopper.available(torch.device("cuda")):
+        pytest.skip("the cached launches are those of the Gluon kernels (sm_90, triton 3.6)")
+
+    def call(seqlen, causal):
+        torch.manual_seed(seqlen)
+        q, k, v = (torch.randn(2, seqlen, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        out = flash_attn_func(q, k, v, causal=causal)
+        out.backward(torch.ones_like(out))
+        return [out.detach(), q.grad, k.grad, v.grad]
+
+    for causal in (False, True):
+        first = call(4096, causal)
+        for seqlen in (1000, 4096, 4096):
+            again = call(seqlen, causal)
+        out, dq, dk, dv = again
+        assert torch.equal(out, first[0]) and torch.equal(dk, first[2]) and torch.equal(dv, first[3])
+        assert ((dq.float() - first[1].float()).norm() / first[1].float().norm()).item() < 2 ** -8
