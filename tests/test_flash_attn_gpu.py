@@ -502,24 +502,23 @@ def _require_gluon():
                     f"(here sm_{''.join(map(str, torch.cuda.get_device_capability()))}, triton {triton.__version__})")
 
 
-def _hopper(persistent, bn=128, stages=2, consumers=2, overlap=None):
-    return dict(CONSUMERS=consumers, BLOCK_M=64 * consumers, BLOCK_N=bn, NUM_STAGES=stages, Q_STAGES=2,
-                OVERLAP_TILES=consumers == 2 if overlap is None else overlap, num_warps=4,
-                CONSUMER_REGS=240 if consumers == 2 else 160, PERSISTENT=persistent)
+def _hopper(persistent, bn=128, stages=2, consumers=2, q_stages=2):
+    return dict(CONSUMERS=consumers, BLOCK_M=64 * consumers, BLOCK_N=bn, NUM_STAGES=stages, Q_STAGES=q_stages,
+                num_warps=4, CONSUMER_REGS=240 if consumers == 2 else 160, PERSISTENT=persistent)
 
 
 def _hopper_id(headdim, config):
-    return ("d{}-{BLOCK_M}x{BLOCK_N}-s{NUM_STAGES}".format(headdim, **config) + ("-persistent" * config["PERSISTENT"])
-            + ("-overlap" * config["OVERLAP_TILES"]))
+    return ("d{}-{BLOCK_M}x{BLOCK_N}-s{NUM_STAGES}-q{Q_STAGES}".format(headdim, **config)
+            + ("-persistent" * config["PERSISTENT"]))
 
 
 # (head dim, config): HOPPER_CONFIGS's kinds (persistent or one tile per program) at both head dims, three consumer
 # warpgroups at hd64 (session 16), then alternatives measured in session 15 (128 x 64 key tiles with 4 stages, 3
-# stages at hd64), 16 (three consumers with 64-key tiles) and 17 (two consumers without the cross-tile overlap).
+# stages at hd64), 16 (three consumers with 64-key tiles) and 17 (one Q slot per consumer).
 HOPPER_GPU_CONFIGS = [(64, _hopper(True)), (64, _hopper(False)), (128, _hopper(True)), (128, _hopper(False)),
                       (64, _hopper(True, consumers=3)), (64, _hopper(False, bn=64, consumers=3)),
                       (128, _hopper(True, bn=64, stages=4)), (64, _hopper(False, stages=3)),
-                      (128, _hopper(True, overlap=False))]
+                      (128, _hopper(True, q_stages=1))]
 HOPPER_GPU_SHAPES = FAST_GPU_SHAPES + [(BF16, (1, 77), MHA, {}), (F16, (300, 100), GQA, {"causal": True}),
                                       (BF16, (1500, 777), GQA, {"window_size": (-1, 32)})]  # paired, rows with no key
 HOPPER_GPU_CASES = [(d, cfg, *shape) for d, cfg in HOPPER_GPU_CONFIGS for shape in HOPPER_GPU_SHAPES]

@@ -186,45 +186,14 @@ if gluon is not None:
             it += 1
 
     @gluon.jit
-    def _ws_rows(m0, seqlen_q, seqlen_k, window_right, WG: gl.constexpr, ROWS: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                 BOTTOM_RIGHT: gl.constexpr):
-        """A consumer's first row in its tile, and the key columns every one of its rows sees (full_end): key
-        blocks reaching past it get the mask."""
-        row0 = m0 + WG * ROWS
-        full_end = seqlen_k
-        if HAS_RIGHT:
-            off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
-            full_end = gl.minimum(row0 + off + window_right + 1, seqlen_k)
-        return row0, full_end
-
-    @gluon.jit
-    def _ws_first_block(q_smem, q_slot, k, k_smem, q_ready, k_ready, k_empty, c, zero_s, m_init, l_init, row0, seqlen_q,
-                        seqlen_k, full_end, window_right, qk_scale, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                        ROWS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr,
-                        s_layout: gl.constexpr, p_layout: gl.constexpr):
-        """A tile's key block 0 on its own (nothing to overlap it with): S_0 = Q K_c^T for this program's k-th
-        tile, and its softmax from fresh row statistics. Returns (P_0 as the P V operand, m, l)."""
-        mbarrier.wait(q_ready.index(q_slot), (k // Q_STAGES) & 1)
-        mbarrier.wait(k_ready.index(c % NUM_STAGES), (c // NUM_STAGES) & 1)
-        s_tok = warpgroup_mma(q_smem.index(q_slot), k_smem.index(c % NUM_STAGES).permute((1, 0)), zero_s,
-                              use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
-        mbarrier.arrive(k_empty.index(c % NUM_STAGES), count=1)
-        p, alpha, m_i, l_i = _softmax_block(s, m_init, l_init, 0, row0, seqlen_q, seqlen_k, full_end, window_right,
-                                            qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, s_layout)
-        return gl.convert_layout(p.to(q_smem.dtype), p_layout), m_i, l_i
-
-    @gluon.jit
     def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale,
                      WG: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr,
                      CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr, OVERLAP_TILES: gl.constexpr):
-        """One warpgroup, rows [m0 + WG * ROWS, +ROWS) of each tile (ROWS = BLOCK_M / CONSUMERS): the schedule in the
-        module docstring (S_j issued beside P_{j-1} V_{j-1}), releasing K / V slots and its Q slots through
-        mbarriers (one arrival per warpgroup). OVERLAP_TILES: across tiles too, S_0 of the next tile is issued
-        beside the last P V of this one (its Q in the other of Q_STAGES = 2 slots) and its softmax runs while that
-        P V does (more live registers: three consumers spill). This tile's O leaves through its own shared-memory
-        slot by TMA."""
+                     NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr):
+        """One warpgroup, rows [m0 + WG * ROWS, +ROWS) of each tile (ROWS = BLOCK_M / CONSUMERS): the schedule in the module
+        docstring (S_j issued beside P_{j-1} V_{j-1}), releasing K / V slots and its Q slots through mbarriers
+        (one arrival per warpgroup). Q comes in Q_STAGES slots (with two, the next tile's Q loads while this one
+        runs). O leaves through its own shared-memory slot by TMA while the next tile starts."""
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem, o_smem = smem
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
@@ -239,32 +208,31 @@ if gluon is not None:
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         o_buf = o_smem.index(WG)
         zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-        m_init = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-        l_init = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
-        n_mine = _ws_tiles(n_units, PAIRED)
-
-        # Tile 0's first key block; every later tile's first block overlaps the previous tile's last P V.
-        i_bh, m0, n_blocks = _ws_tile(0, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT,
-                                      PAIRED, BLOCK_M, BLOCK_N)
-        row0, full_end = _ws_rows(m0, seqlen_q, seqlen_k, window_right, WG, ROWS, HAS_RIGHT, BOTTOM_RIGHT)
-        if OVERLAP_TILES:
-            p_op, m_i, l_i = _ws_first_block(q_smem, WG * Q_STAGES, 0, k_smem, q_ready, k_ready, k_empty, 0, zero_s,
-                                             m_init, l_init, row0, seqlen_q, seqlen_k, full_end, window_right, qk_scale,
-                                             HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, NUM_STAGES, Q_STAGES, s_layout,
-                                             p_layout)
-        else:                                   # (each tile's first block at the top of the loop)
-            p_op = gl.zeros([ROWS, BLOCK_N], dtype, layout=p_layout)
-            m_i, l_i = m_init, l_init
-        c = 0                                   # ring position of this tile's key block 0
-        for k in range(n_mine):
-            q_slot = WG * Q_STAGES + k % Q_STAGES
+        c = 0
+        it = 0
+        for k in range(_ws_tiles(n_units, PAIRED)):
+            i_bh, m0, n_blocks = _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT,
+                                          PAIRED, BLOCK_M, BLOCK_N)
+            q_slot = WG * Q_STAGES + it % Q_STAGES
             q = q_smem.index(q_slot)
-            if not OVERLAP_TILES:
-                p_op, m_i, l_i = _ws_first_block(q_smem, q_slot, k, k_smem, q_ready, k_ready, k_empty, c, zero_s,
-                                                 m_init, l_init, row0, seqlen_q, seqlen_k, full_end, window_right,
-                                                 qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, NUM_STAGES,
-                                                 Q_STAGES, s_layout, p_layout)
+            row0 = m0 + WG * ROWS
+            full_end = seqlen_k
+            if HAS_RIGHT:
+                off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+                full_end = gl.minimum(row0 + off + window_right + 1, seqlen_k)
+            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+            l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
             acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+
+            mbarrier.wait(q_ready.index(q_slot), (it // Q_STAGES) & 1)
+            mbarrier.wait(k_ready.index(c % NUM_STAGES), (c // NUM_STAGES) & 1)
+            s_tok = warpgroup_mma(q, k_smem.index(c % NUM_STAGES).permute((1, 0)), zero_s, use_acc=False,
+                                  is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
+            mbarrier.arrive(k_empty.index(c % NUM_STAGES), count=1)
+            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, 0, row0, seqlen_q, seqlen_k, full_end, window_right,
+                                                qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, s_layout)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(1, n_blocks):
                 slot = (c + j) % NUM_STAGES
                 prev = (c + j - 1) % NUM_STAGES
@@ -284,32 +252,8 @@ if gluon is not None:
             mbarrier.arrive(q_empty.index(q_slot), count=1)      # every Q K^T of this tile is done
             last = c + n_blocks - 1
             mbarrier.wait(v_ready.index(last % NUM_STAGES), (last // NUM_STAGES) & 1)
-            nxt = last + 1
-            i_bh_n, m0_n, n_blocks_n = _ws_tile(k + 1, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT,
-                                                BOTTOM_RIGHT, PAIRED, BLOCK_M, BLOCK_N)
-            row0_n, full_end_n = _ws_rows(m0_n, seqlen_q, seqlen_k, window_right, WG, ROWS, HAS_RIGHT, BOTTOM_RIGHT)
-            q_slot_n = WG * Q_STAGES + (k + 1) % Q_STAGES
-            overlap = False
-            if OVERLAP_TILES:
-                overlap = k + 1 < n_mine
-            if overlap:
-                # S_0 of the next tile beside this tile's last P V
-                mbarrier.wait(q_ready.index(q_slot_n), ((k + 1) // Q_STAGES) & 1)
-                mbarrier.wait(k_ready.index(nxt % NUM_STAGES), (nxt // NUM_STAGES) & 1)
-                s_tok = warpgroup_mma(q_smem.index(q_slot_n), k_smem.index(nxt % NUM_STAGES).permute((1, 0)), zero_s,
-                                      use_acc=False, is_async=True)
-                acc_tok = warpgroup_mma(p_op, v_smem.index(last % NUM_STAGES), acc, is_async=True)
-                s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
-                mbarrier.arrive(k_empty.index(nxt % NUM_STAGES), count=1)
-                p_n, alpha, m_n, l_n = _softmax_block(s, m_init, l_init, 0, row0_n, seqlen_q, seqlen_k, full_end_n,
-                                                      window_right, qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N,
-                                                      s_layout)
-                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
-                p_op_n = gl.convert_layout(p_n.to(dtype), p_layout)
-            else:
-                acc_tok = warpgroup_mma(p_op, v_smem.index(last % NUM_STAGES), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
-                p_op_n, m_n, l_n = p_op, m_i, l_i                                 # no next tile
+            acc_tok = warpgroup_mma(p_op, v_smem.index(last % NUM_STAGES), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
             mbarrier.arrive(v_empty.index(last % NUM_STAGES), count=1)
 
             i_b = i_bh // nheads_q
@@ -326,9 +270,8 @@ if gluon is not None:
             fence_async_shared()
             gl.thread_barrier()
             tma.async_copy_shared_to_global(o_desc, [i_b, row0, i_h, 0], _tma_box(o_buf, o_desc))  # rows past seqlen_q dropped
-            c = nxt
-            i_bh, n_blocks, row0, full_end = i_bh_n, n_blocks_n, row0_n, full_end_n
-            p_op, m_i, l_i = p_op_n, m_n, l_n
+            c += n_blocks
+            it += 1
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -337,8 +280,8 @@ if gluon is not None:
         nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_right, n_units,
         HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-        Q_STAGES: gl.constexpr, OVERLAP_TILES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+        Q_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        num_warps: gl.constexpr,
     ):
         # Host-side TMA descriptors over q, o [batch, seqlen_q, nheads_q, HEAD_DIM] (boxes [1, 64, 1, HEAD_DIM]) and k, v [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]): rows past
         # a sequence's end are zero-filled on loads and dropped on stores. lse [batch, nheads_q, seqlen_q] fp32.
@@ -377,10 +320,10 @@ if gluon is not None:
             gl.warp_specialize([
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 0,
                                 HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, OVERLAP_TILES)),
+                                Q_STAGES)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 1,
                                 HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, OVERLAP_TILES)),
+                                Q_STAGES)),
                 (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
             ], [4, 1], [CONSUMER_REGS, 24])
@@ -388,21 +331,20 @@ if gluon is not None:
             gl.warp_specialize([
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 0,
                                 HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, OVERLAP_TILES)),
+                                Q_STAGES)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 1,
                                 HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, OVERLAP_TILES)),
+                                Q_STAGES)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 2,
                                 HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, OVERLAP_TILES)),
+                                Q_STAGES)),
                 (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
     _launch_forward = LaunchCache(_flash_fwd_hopper_kernel)
 
-_WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_STAGES=2, OVERLAP_TILES=True, num_warps=4,
-                         CONSUMER_REGS=240)
+_WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_STAGES=2, num_warps=4, CONSUMER_REGS=240)
 
 # (head dim, right window / causal) -> ((shortest key loop, config), ...): where this kernel measured faster
 # than flash_fwd's (H200, bf16, 16384 tokens, model dim 2048, TFLOP/s at S = 512 / 1K / 2K / 4K / 8K / 16K;
@@ -424,7 +366,7 @@ _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_
 #   408 bytes).
 # ptxas, two consumers: 168 registers at launch (12 warps), 240 per consumer warpgroup; 192 KB of shared memory at
 # hd128. Three: 128 at launch (16 warps), 160 per consumer.
-_THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, OVERLAP_TILES=False, CONSUMER_REGS=160)
+_THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_REGS=160)
 HOPPER_CONFIGS = {
     (64, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
     (64, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (16384, dict(_WARP_SPECIALIZED, PERSISTENT=False))),
