@@ -122,7 +122,7 @@ def test_tma_allocator_set_once():
 def test_hopper_forward_plan():
     """flash_fwd_hopper's Gluon kernel: never in the interpreter (Gluon has none), and on the GPU only where
     its table says it measured faster: head dims 64 and 128 from 512 keys, persistent (hd64 with three consumer
-    warpgroups from 8192 keys without a mask; hd64 causal one tile per program from 16384), grids of two waves or
+    warpgroups from 8192 keys without a mask; hd128 causal with one Q slot per consumer), grids of two waves or
     more. The kernel runs in the GPU tier (test_flash_attn_gpu.py)."""
     from flashfuse.ops.attention import flash_fwd_hopper as hopper
 
@@ -133,9 +133,10 @@ def test_hopper_forward_plan():
     config = hopper.hopper_forward_config(64, False, 8192, 8192, 2 * 32, 132)
     assert config["PERSISTENT"] and config["CONSUMERS"] == 3 and config["BLOCK_M"] == 192
     assert hopper.hopper_forward_config(128, False, 512, 512, 32 * 16, 132)["PERSISTENT"]
-    assert hopper.hopper_forward_config(128, True, 512, 512, 32 * 16, 132)["PERSISTENT"]
-    assert hopper.hopper_forward_config(64, True, 4096, 4096, 4 * 32, 132)["PERSISTENT"]
-    assert not hopper.hopper_forward_config(64, True, 16384, 16384, 1 * 32, 132)["PERSISTENT"]
+    config = hopper.hopper_forward_config(128, True, 512, 512, 32 * 16, 132)
+    assert config["PERSISTENT"] and config["Q_STAGES"] == 1
+    config = hopper.hopper_forward_config(64, True, 16384, 16384, 1 * 32, 132)
+    assert config["PERSISTENT"] and config["Q_STAGES"] == 2 and config["CONSUMERS"] == 2
     assert hopper.hopper_forward_config(64, True, 256, 256, 64 * 32, 132) is None         # short causal loop
     assert hopper.hopper_forward_config(96, False, 4096, 4096, 16 * 16, 132) is None      # no entry
     assert hopper.hopper_forward_config(64, False, 1024, 256, 16 * 32, 132) is None       # short key loop

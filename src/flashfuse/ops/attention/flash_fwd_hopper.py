@@ -17,16 +17,19 @@ warpgroup runs, per key block j,
 K and V tiles stream through NUM_STAGES shared-memory slots: the producer fills a slot once all consumers
 released it (mbarriers, one arrival per warpgroup), so the warpgroups are never held in lockstep by a
 CTA-wide barrier; they drift apart, one's softmax running beside the other's matrix products. Registers
-move to the consumers (240 each, 24 for the producer). Optionally persistent: one program per SM walks the
-tiles, the producer loading the next tile's Q / K / V while the consumers finish the last one, O leaving
-through its own shared-memory slot. The descriptors are host-side 4-D ([batch, seqlen, heads, head dim]),
-so no tile builds one.
+move to the consumers (240 each, 24 for the producer). Persistent: one program per SM walks the tiles, the
+producer loading the next tile's Q (a second Q slot per consumer, Q_STAGES) and K / V while the consumers finish
+the last one, O leaving through its own shared-memory slot. Causal tiles are walked in pairs of row blocks
+(n - 1 - i, i) of one head, so that every unit of work is the same size and the static round-robin stays
+balanced while the K / V in flight stay within a few heads (L2). The descriptors are host-side 4-D ([batch,
+seqlen, heads, head dim]), so no tile builds one.
 
-Measured on an H200 (benchmarks/NOTES.md, sessions 14-15): on par with cuDNN from about 2048 keys at head
-dim 128 and 64 (causal: 4096), 1.1-1.6x flash_fwd's Triton kernels. HOPPER_CONFIGS says where it is used.
-Tried and dropped: one warpgroup per 64-row tile with every warp doing everything (session 14, faster than
-Triton at hd64 only; with two warpgroups sharing K / V slots they ran in lockstep), an explicit ping-pong
-between the consumers (no gain), persistent causal (the static round-robin balances causal tiles badly).
+Measured on an H200 (benchmarks/NOTES.md, sessions 14-17): on par with or ahead of cuDNN from 1024 keys at head
+dim 128 (causal too) and from 2048 at 64, 1.1-1.6x flash_fwd's Triton kernels, which it replaces from 512 keys.
+HOPPER_CONFIGS says where it is used. Tried and dropped: one warpgroup per 64-row tile with every warp doing
+everything (session 14), an explicit ping-pong between the consumers (no gain), persistent causal with single
+tiles round-robin (session 15: one program got twice another's work), the next tile's first Q K^T issued beside
+the last P V of this one (session 17: slower).
 
 Scope: the common case only, as flash_fwd's fast kernel: 16-bit inputs, no dropout / ALiBi / softcap /
 bias / left window / varlen; a right window (causal) and GQA are in. Gluon is triton's lower-level
@@ -349,29 +352,29 @@ _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_
 # (head dim, right window / causal) -> ((shortest key loop, config), ...): where this kernel measured faster
 # than flash_fwd's (H200, bf16, 16384 tokens, model dim 2048, TFLOP/s at S = 512 / 1K / 2K / 4K / 8K / 16K;
 # benchmarks/NOTES.md sessions 15-17). A call takes the last entry whose key loop is at most seqlen_k.
-# - hd128 without a mask, persistent: 466 / 542 / 581 / 588 / 594 / 599 (one tile per program: 405 / 490 / 548
-#   / 585 / 604 / 612) vs Triton's 294 / 384 / 473 / 505 / 525 / 544; cuDNN 499 / 564 / 585 / 609 / 606 / 615.
-# - hd128 causal, persistent over paired row blocks (session 17, CUDA-graph timed, same run): 292 / 415 / 498 / 549
-#   / 582 / 602 vs one tile per program (heaviest first) 253 / 358 / 450 / 514 / 559 / 605 and Triton's 217 / 290 /
-#   357 / 432 / 478 / 529; cuDNN 306 / 391 / 457 / 499 / 536 / 553. (Persistent with one tile per unit: 437 at 16K.)
-# - hd64 without a mask, persistent (session 17): 347 / 400 / 433 / 446 vs Triton's 291 / 358 / 380 / 398 at S =
-#   512..4K; cuDNN 369 / 411 / 435 / 450. (Session 15, device-side descriptors: 220 at 512.)
-# - hd64 causal, paired (session 17): 211 / 300 / 356 / 390 / 412 / 424 vs one tile per program 165 / 248 / 324 /
-#   374 / 411 / 436 and Triton's 191 / 270 / 325 / 363 / 389 / 404; cuDNN 252 / 320 / 372 / 406 / 427 / 436. At 16K
-#   the paired units' last wave is half empty (2048 units on 132 SMs), one tile per program is balanced by the
-#   hardware scheduler.
-# - hd64 without a mask from 8K keys: three consumer warpgroups (192-row tiles, 160 registers each: ptxas spills 12
-#   bytes), persistent: 480 / 485 at 8K / 16K vs two consumers' 456 / 458, cuDNN 456 / 460 (session 16; 435 / 455 vs
-#   447 / 456 at 2K / 4K). With 64-key tiles (no spill) 8-12% slower, also causal (causal with 128-key tiles spills
-#   408 bytes).
-# ptxas, two consumers: 168 registers at launch (12 warps), 240 per consumer warpgroup; 192 KB of shared memory at
-# hd128. Three: 128 at launch (16 warps), 160 per consumer.
+# Session 17 (CUDA-graph timed, one run, `results/h200-2026-11-22-s17/c5`), all persistent:
+# - hd128 without a mask, two Q slots: 513 / 559 / 586 / 608 / 614 / 620 (one slot: 461 / 527 / 573 / 591 / 599 / 605);
+#   cuDNN 472 / 531 / 578 / 587 / 599 / 602. Triton's kernel (session 15): 294 / 384 / 473 / 505 / 525 / 544.
+# - hd128 causal, paired row blocks, one Q slot: 297 / 417 / 501 / 541 / 578 / 597 (two: 292 / 411 / 486 / 530 / 569 /
+#   588); cuDNN 315 / 395 / 458 / 504 / 536 / 554. One tile per program (call 1): 253 / 358 / 450 / 514 / 559 / 605;
+#   Triton's 217 / 290 / 357 / 432 / 478 / 529. (Persistent with single tiles round-robin: 437 at 16K.)
+# - hd64 without a mask, two Q slots: 385 / 416 / 435 / 444 / 448 / 450 (one: 347 / 400 / 429 / 443 / 449 / 452);
+#   three consumer warpgroups (192-row tiles, 160 registers each: ptxas spills 16 bytes) from 8K: 475 / 478; cuDNN
+#   366 / 405 / 433 / 447 / 452 / 452. Triton's (call 1): 291 / 358 / 380 / 398.
+# - hd64 causal, paired, two Q slots: 209 / 306 / 367 / 405 / 428 / 441 (one: 212 / 303 / 352 / 390 / 411 / 423; one
+#   tile per program 162 / 247 / 324 / 374 / 412 / 442); cuDNN 254 / 322 / 374 / 405 / 425 / 437. Triton's (call 1):
+#   191 / 270 / 325 / 363 / 389 / 404.
+# Tried and dropped: the next tile's first Q K^T issued beside this tile's last P V (call 4: 2-10% slower at hd64,
+# within 1% at hd128), the key loop split at its first masked block (call 2: hd64 S = 512 causal 211 -> 132),
+# three consumers causal (ptxas spills 408 bytes; slower), 128 x 64 key tiles (8-17% slower).
+# ptxas, two consumers: 168 registers at launch (12 warps), 240 per consumer warpgroup, no spill (24 bytes at hd128
+# causal); 225 KB of shared memory at hd128 with two Q slots. Three: 128 at launch (16 warps), 160 per consumer.
 _THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_REGS=160)
 HOPPER_CONFIGS = {
     (64, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
-    (64, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (16384, dict(_WARP_SPECIALIZED, PERSISTENT=False))),
+    (64, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
     (128, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
-    (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
+    (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1)), ),
 }
 
 
