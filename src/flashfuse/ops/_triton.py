@@ -83,13 +83,14 @@ def _arg_specialization(arg):
     """What triton 3.6 specializes a runtime argument on (triton's native_specialize_impl): an int's width,
     divisibility by 16 and value 1; a tensor's dtype and 16-byte alignment; a tensor descriptor's dtype, block
     shape and layout; a float or bool by type only."""
-    if isinstance(arg, bool) or isinstance(arg, float) or arg is None:
-        return type(arg)
-    if isinstance(arg, int):
+    kind = type(arg)
+    if kind is int or (kind is not bool and isinstance(arg, int)):
         return (arg == 1, arg % 16 == 0, -2 ** 31 <= arg < 2 ** 31, arg < 2 ** 63)
     if isinstance(arg, torch.Tensor):
         return (arg.dtype, arg.data_ptr() % 16 == 0)
-    return (type(arg), arg.base.dtype, tuple(arg.block_shape), arg.layout)      # a host-side TensorDescriptor
+    if arg is None or isinstance(arg, (bool, float)):
+        return kind
+    return (kind, arg.base.dtype, tuple(arg.block_shape), arg.layout)      # a host-side TensorDescriptor
 
 
 class LaunchCache:
