@@ -1,0 +1,7 @@
+# Session 17, call 4: the forward's cross-tile overlap (probe vs without), attention GPU tier + launch cache tests.
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+cat COMMIT
+timeout 330 python3 .gpu/s17_overlap.py > $OUT/overlap.log 2>&1; echo "probe rc=$?"
+timeout 200 python3 -m pytest -q -rfs -m gpu -p no:cacheprovider -n 8 tests/test_flash_attn_gpu.py tests/test_launch_cache.py > $OUT/pytest.log 2>&1
+echo "pytest rc=$?"; grep -E "passed|failed|FAILED|SKIPPED|Error" $OUT/pytest.log | head -20 | cut -c1-250
+cat $OUT/overlap.log | cut -c1-250
