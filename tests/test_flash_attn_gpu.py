@@ -451,13 +451,13 @@ def _check_benchmark_shape_forward(headdim, seqlen, causal, dtype):
 @pytest.mark.parametrize("headdim, causal, gluon", [(128, True, False), (64, False, True), (128, False, True),
                                                     (128, True, True)],
                          ids=["triton-hd128-causal", "gluon-persistent-hd64", "gluon-persistent-hd128",
-                              "gluon-hd128-causal"])
+                              "gluon-paired-hd128-causal"])
 def test_fast_forward_graph_compile_thread_gpu(monkeypatch, headdim, causal, gluon):
     """The fast kernels' device-side descriptors need triton's allocator: under CUDA-graph capture and
     replay, torch.compile(fullgraph=True), and in a new thread (the allocator is a context variable).
     The Triton fast kernel (Gluon switched off), and flash_fwd_hopper's kernel where HOPPER_CONFIGS sends
-    these shapes (persistent without a mask, one tile per program causal); its host-side descriptors are
-    encoded in the new thread too."""
+    these shapes (persistent; causal over paired row blocks); its host-side descriptors are encoded in the new
+    thread too."""
     import threading
 
     monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
@@ -530,11 +530,11 @@ HOPPER_GPU_CASES = [(d, cfg, *shape) for d, cfg in HOPPER_GPU_CONFIGS for shape 
 def test_hopper_forward_gpu(monkeypatch, headdim, config, dtype, seqlens, heads, opts):
     """The Gluon kernel alone (the Triton forwards removed) against the fp32 reference: out, lse, every
     gradient (the backward consumes its lse); ragged ends, causal both ways, a right window, rows with no
-    visible key exactly 0, GQA / MQA, one query row. Three "SMs", so that a persistent program walks
-    several tiles of different heads and causal lengths."""
+    visible key exactly 0, GQA / MQA, one query row. Five "SMs", so that a persistent program walks
+    several tiles of different heads and causal lengths, and the last round leaves some programs idle."""
     _require_gluon()
     monkeypatch.setattr(flash_fwd_hopper, "hopper_forward_config", lambda *a: dict(config))
-    monkeypatch.setattr(flash_fwd_hopper, "sm_count", lambda device: 3)
+    monkeypatch.setattr(flash_fwd_hopper, "sm_count", lambda device: 5)
     monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
     monkeypatch.setattr(flash_fwd, "_flash_fwd_fast_kernel", None)
     q, k, v = rand_qkv(2, *seqlens, *heads, headdim, dtype=dtype, device="cuda")

@@ -122,8 +122,8 @@ def test_tma_allocator_set_once():
 def test_hopper_forward_plan():
     """flash_fwd_hopper's Gluon kernel: never in the interpreter (Gluon has none), and on the GPU only where
     its table says it measured faster: head dims 64 and 128 from 512 keys, persistent (hd64 with three consumer
-    warpgroups from 8192 keys without a mask; hd128 causal with one Q slot per consumer), grids of two waves or
-    more. The kernel runs in the GPU tier (test_flash_attn_gpu.py)."""
+    warpgroups from 8192 keys without a mask; hd128 causal with one Q slot per consumer; causal with an odd number
+    of row blocks one tile per program, hd64 only from 4096 keys), grids of two waves or more. The kernel runs in the GPU tier (test_flash_attn_gpu.py)."""
     from flashfuse.ops.attention import flash_fwd_hopper as hopper
 
     assert not hopper.available(torch.device("cpu"))
@@ -138,6 +138,11 @@ def test_hopper_forward_plan():
     config = hopper.hopper_forward_config(64, True, 16384, 16384, 1 * 32, 132)
     assert config["PERSISTENT"] and config["Q_STAGES"] == 2 and config["CONSUMERS"] == 2
     assert hopper.hopper_forward_config(64, True, 256, 256, 64 * 32, 132) is None         # short causal loop
+    # causal with an odd number of row blocks (no pairs): one tile per program where that measured faster than Triton
+    config = hopper.hopper_forward_config(128, True, 640, 640, 16 * 16, 132)
+    assert not config["PERSISTENT"] and config["Q_STAGES"] == 1
+    assert hopper.hopper_forward_config(64, True, 1100, 1100, 8 * 32, 132) is None
+    assert not hopper.hopper_forward_config(64, True, 4224, 4224, 4 * 32, 132)["PERSISTENT"]
     assert hopper.hopper_forward_config(96, False, 4096, 4096, 16 * 16, 132) is None      # no entry
     assert hopper.hopper_forward_config(64, False, 1024, 256, 16 * 32, 132) is None       # short key loop
     assert hopper.hopper_forward_config(128, True, 256, 256, 64 * 16, 132) is None        # short key loop

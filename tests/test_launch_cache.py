@@ -3,6 +3,8 @@ preprocess). CPU tier: the cache's bookkeeping with a stand-in kernel (which com
 constexprs appended in signature order, the plain launch in the interpreter and under launch hooks). GPU tier:
 its key against triton's own specialization, and repeated attention calls through it."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -19,18 +21,27 @@ class _Compiled:
         self.calls.append((self.name, launch))
 
 
-class _Kernel:
-    """Stands in for a JITFunction: kernel[grid](*args, **constexprs) 'compiles' one variant per call."""
-    arg_names = ["p_x", "n", "scale", "BLOCK", "num_warps"]
+class _Param:
+    def __init__(self, name, default=inspect.Parameter.empty):
+        self.name, self.default = name, default
 
-    def __init__(self):
-        self.compiles, self.calls = [], []
+
+class _Kernel:
+    """Stands in for a JITFunction: kernel[grid](*args, **constexprs) 'compiles' one variant per call (None: as
+    triton returns when a compile hook takes over)."""
+    __name__ = "_kernel"
+    params = [_Param("p_x"), _Param("n"), _Param("scale"), _Param("BLOCK"), _Param("num_warps"),
+              _Param("EVEN", default=False)]
+
+    def __init__(self, returns_none=False):
+        self.compiles, self.calls, self.pre_run_hooks = [], [], []
+        self.returns_none = returns_none
 
     def __getitem__(self, grid):
         def launch(*args, **constexprs):
             compiled = _Compiled(len(self.compiles), self.calls)
             self.compiles.append((grid, args, constexprs))
-            return compiled
+            return None if self.returns_none else compiled
         return launch
 
 
@@ -39,7 +50,7 @@ def fast(monkeypatch):
     """The fast path as on the GPU machine (triton 3.6, compiled), with a fake current device and stream."""
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
-    monkeypatch.setattr(_triton, "_launch_hooks", lambda: False)
+    monkeypatch.setattr(_triton, "_plain_launch_needed", lambda kernel: False)
     kernel = _Kernel()
     cache = LaunchCache(kernel)
     cache.fast = True
@@ -53,7 +64,8 @@ def test_launch_cache_reuses_compiled_kernel(fast):
     assert len(kernel.compiles) == 1 and kernel.calls == []            # the first launch goes through triton
     cache((7, ), x, 48, 0.25, BLOCK=128, num_warps=4)                  # same specialization: 32 and 48 are 16k
     assert len(kernel.compiles) == 1
-    assert kernel.calls == [(0, (7, 1, 1, 1234, "fn-0", "meta-0", None, None, None, x, 48, 0.25, 128, 4))]
+    # every parameter in signature order: the runtime ones, then the constexprs (EVEN: its default)
+    assert kernel.calls == [(0, (7, 1, 1, 1234, "fn-0", "meta-0", None, None, None, x, 48, 0.25, 128, 4, False))]
 
 
 @pytest.mark.parametrize("change", ["int not a multiple of 16", "int 1", "int64", "constexpr", "dtype", "alignment"])
@@ -85,18 +97,59 @@ def test_arg_specialization_of_floats_and_bools():
     assert _arg_specialization(None) != _arg_specialization(0)
 
 
-def test_launch_cache_plain_launch(monkeypatch):
-    """In the interpreter (this tier) and whenever launch hooks are set, every launch is triton's own."""
-    kernel = _Kernel()
+def test_launch_cache_constexpr_types_differ(fast):
+    """EVEN=True and EVEN=1 compare equal in Python but compile differently."""
+    kernel, cache = fast
+    cache((1, ), torch.zeros(4), 16, 1.0, BLOCK=16, num_warps=1, EVEN=True)
+    cache((1, ), torch.zeros(4), 16, 1.0, BLOCK=16, num_warps=1, EVEN=1)
+    assert len(kernel.compiles) == 2 and kernel.calls == []
+
+
+def test_launch_cache_missing_parameter(fast):
+    kernel, cache = fast
+    with pytest.raises(TypeError, match="'BLOCK' was not passed"):
+        cache((1, ), torch.zeros(4), 16, 1.0, num_warps=1)
+
+
+def test_launch_cache_keeps_nothing_when_triton_returns_none(monkeypatch):
+    """A compile hook that takes over makes triton return None: every launch stays triton's own."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_triton, "_plain_launch_needed", lambda kernel: False)
+    kernel = _Kernel(returns_none=True)
     cache = LaunchCache(kernel)
-    assert not cache.fast
+    cache.fast = True
     for _ in range(2):
         cache((1, ), torch.zeros(4), 16, 1.0, BLOCK=16, num_warps=1)
+    assert len(kernel.compiles) == 2 and kernel.calls == [] and cache.compiled == {}
+
+
+@pytest.mark.parametrize("reason", ["interpreter", "launch hook", "pre-run hook", "debug", "instrumentation"])
+def test_launch_cache_plain_launch(monkeypatch, reason):
+    """In the interpreter (this tier), and whenever something must see every launch, each launch is triton's own."""
+    from triton import knobs
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    kernel = _Kernel()
+    cache = LaunchCache(kernel)
+    assert not cache.fast                      # the interpreter
+    if reason != "interpreter":
+        cache.fast = True
+        if reason == "launch hook":
+            hook = lambda metadata: None       # noqa: E731
+            knobs.runtime.launch_enter_hook.add(hook)
+        elif reason == "pre-run hook":
+            kernel.pre_run_hooks.append(lambda *a, **k: None)
+        elif reason == "debug":
+            monkeypatch.setattr(knobs.runtime, "debug", True)
+        else:
+            monkeypatch.setattr(knobs.compilation, "instrumentation_mode", "fpsan")
+    try:
+        for _ in range(2):
+            cache((1, ), torch.zeros(4), 16, 1.0, BLOCK=16, num_warps=1)
+    finally:
+        if reason == "launch hook":
+            knobs.runtime.launch_enter_hook.remove(hook)
     assert len(kernel.compiles) == 2 and kernel.calls == []
-    cache.fast = True
-    monkeypatch.setattr(_triton, "_launch_hooks", lambda: True)
-    cache((1, ), torch.zeros(4), 16, 1.0, BLOCK=16, num_warps=1)
-    assert len(kernel.compiles) == 3 and kernel.calls == []
 
 
 @pytest.mark.gpu
@@ -109,9 +162,14 @@ def test_arg_specialization_matches_triton_gpu():
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.nvidia.compiler import CUDABackend
 
+    from flashfuse.ops.attention.flash_fwd_hopper import sequence_descriptor
+
     base = torch.zeros(1024, device="cuda", dtype=torch.bfloat16)
+    seq = torch.zeros(2, 256, 4, 128, device="cuda", dtype=torch.bfloat16)
+    descriptors = [sequence_descriptor(t, 2, 256, 4, t.stride(), box)
+                   for t, box in ((seq, 64), (seq, 128), (seq[:, :200], 64), (seq.half(), 64), (seq[..., :64], 64))]
     values = [0, 1, 2, 15, 16, 17, 32, -16, -1, 2 ** 31 - 16, 2 ** 31, 2 ** 40, 2 ** 63, 0.5, 1.0, True, False,
-              base, base[8:], base[1:], base.float(), base.view(torch.int16)]
+              base, base[8:], base[1:], base.float(), base.view(torch.int16), *descriptors]
     seen = {}
     for value in values:
         triton_spec = native_specialize_impl(CUDABackend, value, False, True, True)
@@ -125,7 +183,7 @@ def test_repeated_attention_calls_gpu():
     after a call of another specialization in between (seqlen 1000: not a multiple of 16); dQ within bf16 rounding in
     norm (the Gluon backward adds dQ with fp32 atomics, in no fixed order)."""
     from flashfuse import flash_attn_func
-    from flashfuse.ops.attention import flash_fwd_hopper
+    from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper, flash_fwd_hopper
     if not flash_fwd_hopper.available(torch.device("cuda")):
         pytest.skip("the cached launches are those of the Gluon kernels (sm_90, triton 3.6)")
 
@@ -137,10 +195,14 @@ def test_repeated_attention_calls_gpu():
         out.backward(torch.ones_like(out))
         return [out.detach(), q.grad, k.grad, v.grad]
 
+    caches = (flash_fwd_hopper._launch_forward, flash_bwd_hopper._launch_backward, flash_bwd._launch_preprocess)
     for causal in (False, True):
+        launched = [len(c.compiled) for c in caches]
         first = call(4096, causal)
         for seqlen in (1000, 4096, 4096):
             again = call(seqlen, causal)
+        # two specializations per kernel (seqlen 4096 and 1000): the other calls were direct launches
+        assert [len(c.compiled) - n for c, n in zip(caches, launched)] == [2, 2, 2]
         out, dq, dk, dv = again
         assert torch.equal(out, first[0]) and torch.equal(dk, first[2]) and torch.equal(dv, first[3])
         assert ((dq.float() - first[1].float()).norm() / first[1].float().norm()).item() < 2 ** -8

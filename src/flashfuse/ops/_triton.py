@@ -1,10 +1,12 @@
 """Small pieces every Triton kernel file shares."""
 
 import functools
+import inspect
 
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 from triton.language.extra import libdevice
 
 from .._env import INTERPRET
@@ -95,12 +97,13 @@ def _arg_specialization(arg):
 
 class LaunchCache:
     """`kernel[grid](*args, **constexprs)` without triton's per-launch argument binding: triton binds, specializes
-    and hashes every argument on each launch, ~40-60 us of host time per launch on the GPU machine, which is
-    what a short attention call costs in all (benchmarks/NOTES.md, session 17). The compiled kernel is kept per
+    and hashes every argument on each launch, ~25 us of host time per launch on the GPU machine, a quarter of what
+    a short attention call costs in all (benchmarks/NOTES.md, session 17). The compiled kernel is kept per
     (device, constexprs, runtime arguments' specialization as triton 3.6 derives it) and launched directly; a
     new combination goes through triton's path once. Only on the release whose launcher this calls
-    (FAST_LAUNCH_TRITON) and without launch hooks (profilers); the interpreter and other releases take the plain
-    launch. Runtime arguments must be passed positionally, before the constexprs in the kernel's signature."""
+    (FAST_LAUNCH_TRITON), and only while nothing else must see each launch (launch or pre-run hooks, debug or
+    instrumentation modes); the interpreter and other releases take the plain launch. Runtime arguments are
+    passed positionally, before the constexprs in the kernel's signature; the grid is a tuple."""
 
     def __init__(self, kernel):
         self.kernel = kernel
@@ -108,26 +111,42 @@ class LaunchCache:
         self.fast = not INTERPRET and triton.__version__.startswith(FAST_LAUNCH_TRITON)
 
     def __call__(self, grid, *args, **constexprs):
-        if not self.fast or _launch_hooks():
+        if not self.fast or _plain_launch_needed(self.kernel):
             self.kernel[grid](*args, **constexprs)
             return
         device = torch.cuda.current_device()
-        key = (device, tuple(constexprs.items()), tuple(map(_arg_specialization, args)))
+        key = (device, tuple((name, type(value), value) for name, value in constexprs.items()),
+               tuple(map(_arg_specialization, args)))
         entry = self.compiled.get(key)
         if entry is None:
             compiled = self.kernel[grid](*args, **constexprs)
-            tail = tuple(constexprs[name] for name in self.kernel.arg_names[len(args):])
-            self.compiled[key] = (compiled, tail)
+            if compiled is not None:               # (None: a compile hook took over; nothing to keep)
+                self.compiled[key] = (compiled, self._constexpr_tail(len(args), constexprs))
             return
         compiled, tail = entry
         stream = torch._C._cuda_getCurrentRawStream(device)
         compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
                      compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
 
+    def _constexpr_tail(self, n_args: int, constexprs: dict) -> tuple:
+        """The values of the signature's parameters after the positional ones, in order (triton's launcher takes
+        every parameter, constexprs included); defaults where not given."""
+        tail = []
+        for param in self.kernel.params[n_args:]:
+            if param.name in constexprs:
+                tail.append(constexprs[param.name])
+            elif param.default is not inspect.Parameter.empty:
+                tail.append(param.default)
+            else:
+                raise TypeError(f"LaunchCache({self.kernel.__name__}): parameter {param.name!r} was not passed; "
+                                "runtime arguments go positionally, constexprs by name")
+        return tuple(tail)
 
-def _launch_hooks() -> bool:
-    """Whether a profiler (or anyone) hooked triton's launches: those must see every launch."""
-    from triton import knobs
 
-    return any(hook is not None and getattr(hook, "calls", True)
-               for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+def _plain_launch_needed(kernel) -> bool:
+    """Whether anything must see every launch through triton's own path: launch hooks (profilers), the kernel's
+    pre-run hooks, or a debug / instrumentation mode (they change what gets compiled)."""
+    return (bool(getattr(kernel, "pre_run_hooks", None)) or knobs.runtime.debug
+            or bool(knobs.compilation.instrumentation_mode)
+            or any(hook is not None and getattr(hook, "calls", True)
+                   for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)))

@@ -20,7 +20,7 @@ CTA-wide barrier; they drift apart, one's softmax running beside the other's mat
 move to the consumers (240 each, 24 for the producer). Persistent: one program per SM walks the tiles, the
 producer loading the next tile's Q (a second Q slot per consumer, Q_STAGES) and K / V while the consumers finish
 the last one, O leaving through its own shared-memory slot. Causal tiles are walked in pairs of row blocks
-(n - 1 - i, i) of one head, so that every unit of work is the same size and the static round-robin stays
+(n - 1 - i, i) of one head, so that every unit of work is about the same size and the static round-robin stays
 balanced while the K / V in flight stay within a few heads (L2). The descriptors are host-side 4-D ([batch,
 seqlen, heads, head dim]), so no tile builds one.
 
@@ -126,7 +126,7 @@ if gluon is not None:
         """This program's k-th tile -> (batch*head, first row, number of key blocks). The row blocks of one head
         side by side (K / V reuse in L2), causal heaviest (last) first. PAIRED (persistent causal, an even number
         n of row blocks): a unit is row blocks n - 1 - i and i of one head, one after the other, so that every unit
-        holds n + 1 key blocks and the static round-robin over units stays balanced (one tile per unit gave one
+        holds about n + 1 key blocks and the static round-robin over units stays balanced (one tile per unit gave one
         program twice another's work; causal with all heads' heaviest blocks first measured slower: the K / V in
         flight no longer fit L2)."""
         if PAIRED:
@@ -286,12 +286,13 @@ if gluon is not None:
         Q_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         num_warps: gl.constexpr,
     ):
-        # Host-side TMA descriptors over q, o [batch, seqlen_q, nheads_q, HEAD_DIM] (boxes [1, 64, 1, HEAD_DIM]) and k, v [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]): rows past
-        # a sequence's end are zero-filled on loads and dropped on stores. lse [batch, nheads_q, seqlen_q] fp32.
-        # Grid (min(n_units, programs),): n_units = cdiv(seqlen_q, BLOCK_M) * batch * nheads_q tiles, or PAIRED (persistent
-        # causal, an even row-block count) half as many pairs of tiles (_ws_tile). CONSUMERS (2 or 3)
-        # warpgroups of 64 rows: num_warps = 4 is the first (the default partition); the other consumers and the
-        # producer warp are the workers.
+        # Host-side TMA descriptors over q, o [batch, seqlen_q, nheads_q, HEAD_DIM] (boxes [1, 64, 1, HEAD_DIM]) and
+        # k, v [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]): rows past a sequence's end are
+        # zero-filled on loads and dropped on stores. lse [batch, nheads_q, seqlen_q] fp32.
+        # Grid (min(n_units, SMs),) persistent, else (n_units,): n_units = cdiv(seqlen_q, BLOCK_M) * batch * nheads_q
+        # tiles, or PAIRED (persistent causal, an even row-block count) half as many pairs of tiles (_ws_tile).
+        # CONSUMERS (2 or 3) warpgroups of 64 rows: num_warps = 4 is the first (the default partition); the other
+        # consumers and the producer warp are the workers.
         gl.static_assert(num_warps == 4)
         gl.static_assert(BLOCK_M == 64 * CONSUMERS)
         dtype: gl.constexpr = q_desc.dtype
@@ -376,19 +377,34 @@ HOPPER_CONFIGS = {
     (128, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
     (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1)), ),
 }
+# Causal with an odd number of row blocks (no pairs): one tile per program, heaviest first, where it measured faster
+# than Triton's kernel (sessions 15-17: hd128 from 512 keys, hd64 from 4096).
+HOPPER_ODD_CAUSAL_CONFIGS = {
+    64: ((4096, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
+    128: ((512, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
+}
 
 
 def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, programs_per_row_block: int,
                           num_sms: int):
     """This file's config for a call, or None where flash_fwd's kernels measured faster: head dims and masks
-    without a HOPPER_CONFIGS entry, key loops shorter than the entry's, grids under two waves."""
-    config = None
-    for min_seqlen_k, entry in HOPPER_CONFIGS.get((head_dim, causal), ()):
-        if seqlen_k >= min_seqlen_k:
-            config = entry
+    without a HOPPER_CONFIGS entry, key loops shorter than the entry's, grids under two waves. Causal calls whose
+    row blocks do not pair up take HOPPER_ODD_CAUSAL_CONFIGS."""
+    config = _table_entry(HOPPER_CONFIGS.get((head_dim, causal), ()), seqlen_k)
+    if config is not None and causal and cdiv(seqlen_q, config["BLOCK_M"]) % 2:
+        config = _table_entry(HOPPER_ODD_CAUSAL_CONFIGS.get(head_dim, ()), seqlen_k)
     if config is None or cdiv(seqlen_q, config["BLOCK_M"]) * programs_per_row_block < 2 * num_sms:
         return None
     return dict(config)
+
+
+def _table_entry(entries, seqlen_k: int):
+    """The config of the last (shortest key loop, config) entry whose key loop is at most seqlen_k, or None."""
+    config = None
+    for min_seqlen_k, entry in entries:
+        if seqlen_k >= min_seqlen_k:
+            config = entry
+    return config
 
 
 def _smem_layout(block_shape, dtype):
@@ -436,8 +452,8 @@ def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_stri
     rows = block_m // cfg["CONSUMERS"]          # 64: one consumer warpgroup's rows
     n_m_blocks = cdiv(seqlen_q, block_m)
     paired = cfg["PERSISTENT"] and window_right >= 0     # persistent causal: units of two row blocks (_ws_tile)
-    if paired and n_m_blocks % 2:
-        cfg["PERSISTENT"] = paired = False               # an odd count: one tile per program instead
+    if paired and n_m_blocks % 2:                        # an odd count (configs from outside the table: tests)
+        cfg["PERSISTENT"] = paired = False               # one tile per program instead
     n_units = n_m_blocks * batch * nheads_q // (2 if paired else 1)
     programs = min(n_units, sm_count(q.device)) if cfg.pop("PERSISTENT") else n_units
     # The kernel reads each [1, box, 1, head_dim] TMA box as a [box, head_dim] tile (_tma_box): the two layouts
@@ -451,8 +467,8 @@ def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_stri
                                                     (v, seqlen_k, nheads_k, v_strides, block_n),
                                                     (out, seqlen_q, nheads_q, o_strides, rows))]
     _launch_forward(
-        (programs, ), *descs, lse, *lse_strides, nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, qk_scale, window_right,
-        n_units, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, PAIRED=paired, BLOCK_M=block_m, BLOCK_N=block_n,
-        HEAD_DIM=head_dim, Q_SMEM=_smem_layout([rows, head_dim], q.dtype),
+        (programs, ), *descs, lse, *lse_strides, nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, qk_scale,
+        window_right, n_units, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, PAIRED=paired,
+        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, Q_SMEM=_smem_layout([rows, head_dim], q.dtype),
         KV_SMEM=_smem_layout([block_n, head_dim], q.dtype), **cfg)
     return out, lse
