@@ -21,8 +21,9 @@ move to the consumers (240 each, 24 for the producer). Persistent: one program p
 producer loading the next tile's Q (a second Q slot per consumer, Q_STAGES) and K / V while the consumers finish
 the last one, O leaving through its own shared-memory slot. Causal tiles are walked in pairs of row blocks
 (n - 1 - i, i) of one head, so that every unit of work is about the same size and the static round-robin stays
-balanced while the K / V in flight stay within a few heads (L2). The descriptors are host-side 4-D ([batch,
-seqlen, heads, head dim]), so no tile builds one.
+balanced while the K / V in flight stay within a few heads (L2); an odd number of row blocks runs one tile per
+program instead (HOPPER_ODD_CAUSAL_CONFIGS). The descriptors are host-side 4-D ([batch, seqlen, heads, head dim]),
+so no tile builds one.
 
 Measured on an H200 (benchmarks/NOTES.md, sessions 14-17): on par with or ahead of cuDNN from 1024 keys at head
 dim 128 (causal too) and from 2048 at 64, 1.1-1.6x flash_fwd's Triton kernels, which it replaces from 512 keys.
