@@ -629,8 +629,8 @@ def hopper_backward_inputs(out, dout, lse, block_m: int):
     dq_acc = torch.empty(out.shape, dtype=torch.float32, device=out.device)
     _launch_preprocess(
         (rows // block_m, batch * nheads_q), out, dout, delta, lse, lse2, dq_acc, delta, *out.stride()[:3],
-        *dout.stride()[:3], nheads_q * rows, rows, *lse.stride()[:2], *dq_acc.stride()[:3], nheads_q, seqlen_q, rows, head_dim, IS_VARLEN=False,
-        WRITE_LSE2=True, BLOCK_M=block_m, BLOCK_D=next_power_of_2(head_dim))
+        *dout.stride()[:3], nheads_q * rows, rows, *lse.stride()[:2], *dq_acc.stride()[:3], nheads_q, seqlen_q,
+        rows, head_dim, IS_VARLEN=False, WRITE_LSE2=True, BLOCK_M=block_m, BLOCK_D=next_power_of_2(head_dim))
     return delta, lse2, dq_acc
 
 
