@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import flashfuse.ops.group_norm as gn_ops
+from flashfuse.ops.group_norm_details import _hopper_fwd
 from flashfuse.nn.group_norm import GroupNormAct
 from flashfuse.ops.group_norm import group_norm
 from test_group_norm import CL, check, leaf, make, poison, rel_err  # noqa: F401  (poison: autouse NaN fills)
@@ -100,6 +101,7 @@ def test_compile_inductor_gpu(layout, dtype):
 def test_chunked_sd_shapes_gpu(monkeypatch, wave_bytes, shape, layout):
     """CHUNKED mode (forced for NCHW too) at SD sizes, bf16: several waves of samples for the 84 MB tensors
     (24 MB waves) and one wave; silu(GN(x + temb)) and every gradient against float64."""
+    monkeypatch.setattr(gn_ops, "HOPPER_FWD", False)
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW", True)
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW_MIN_GROUP", 0)
     monkeypatch.setattr(gn_ops, "CHUNKED_CHANNELS_LAST", True)
@@ -116,6 +118,7 @@ def test_chunked_sd_shapes_gpu(monkeypatch, wave_bytes, shape, layout):
 @pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
 def test_chunked_stages_and_full_residual_gpu(monkeypatch, stages, layout):
     """The tune knob CHUNK_STAGES (software-pipelined tile loops) and a full residual, fp16, mish."""
+    monkeypatch.setattr(gn_ops, "HOPPER_FWD", False)
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW", True)
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW_MIN_GROUP", 0)
     monkeypatch.setattr(gn_ops, "CHUNK_STAGES", stages)
@@ -125,6 +128,7 @@ def test_chunked_stages_and_full_residual_gpu(monkeypatch, stages, layout):
 
 def test_chunked_cuda_graph_gpu(monkeypatch):
     """The waves' launches replay in a CUDA graph (the tune script and the bench time them that way)."""
+    monkeypatch.setattr(gn_ops, "HOPPER_FWD", False)
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW", True)
     monkeypatch.setattr(gn_ops, "CHUNKED_NCHW_MIN_GROUP", 0)
     x = torch.randn(8, 320, 128, 128, device="cuda", dtype=BF16).to(memory_format=CL)
@@ -137,3 +141,54 @@ def test_chunked_cuda_graph_gpu(monkeypatch):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, y_ref)
+
+
+# The Gluon forward (group_norm_details/_hopper_fwd.py): (shape, groups, dtype, weight, bias, residual, activation).
+# Groups of 5 and 10 ring tiles, several groups per program (16 x 32 groups on 132 SMs), padding rows (a group
+# of 3 or 90 rows, not a multiple of the 32-row tile), 9 rows per channel (not a power of 2), a residual broadcast
+# over the samples (C, 1, 1), no affine, fp32 (128-column rows).
+HOPPER_CASES = [
+    pytest.param((2, 320, 64, 64), 32, BF16, True, True, (2, 320, 1, 1), "silu", id="sd-64"),
+    pytest.param((16, 1280, 32, 32), 32, F16, True, True, (16, 1280, 1, 1), "silu", id="sd-32-many-groups"),
+    pytest.param((16, 640, 64, 64), 32, BF16, True, True, (16, 640, 1, 1), "silu", id="sd-64-640"),
+    pytest.param((3, 96, 16, 16), 32, F16, True, False, None, None, id="pad-3-rows"),
+    pytest.param((1, 30, 48, 48), 3, BF16, False, True, (30, 1, 1), "silu", id="pad-90-rows-9-per-channel"),
+    pytest.param((2, 64, 32, 32), 8, torch.float32, False, False, None, "silu", id="fp32-noaffine"),
+]
+
+
+@pytest.mark.parametrize("shape, groups, dtype, weight, bias, residual, activation", HOPPER_CASES)
+def test_hopper_forward_gpu(monkeypatch, shape, groups, dtype, weight, bias, residual, activation):
+    """The Gluon forward where it is available (sm_90, triton 3.6; elsewhere the Triton plans, counted as such):
+    output and every gradient against float64 (the backward starts from its mean / rstd), with a shifted mean (the
+    exact two-pass variance), and equal to the Triton forward within one rounding."""
+    calls = []
+    forward = _hopper_fwd.forward
+    monkeypatch.setattr(_hopper_fwd, "forward", lambda *a: calls.append(1) or forward(*a))
+    t = make(shape, dtype, "cuda", weight=weight, bias=bias, residual=residual, shift=3.0)
+    y = check(t, groups, activation, TOL.get(dtype, 1e-5), eps=1e-6)
+    assert len(calls) == (1 if _hopper_fwd.available(torch.device("cuda")) else 0)
+    monkeypatch.setattr(gn_ops, "HOPPER_FWD", False)
+    y_triton = group_norm(t["x"], groups, t["weight"], t["bias"], 1e-6, activation, t["residual"])
+    assert rel_err(y, y_triton) < TOL.get(dtype, 1e-5)
+
+
+def test_hopper_forward_stats_and_graph_gpu(monkeypatch):
+    """mean / rstd of the Gluon forward equal the Triton plan's (fp32, the same sums in another order), and its
+    launch replays in a CUDA graph."""
+    x = torch.randn(16, 640, 64, 64, device="cuda", dtype=BF16) + 2.0
+    w, b = torch.randn(640, device="cuda"), torch.randn(640, device="cuda")
+    temb = torch.randn(16, 640, 1, 1, device="cuda", dtype=BF16)
+    y, mean, rstd = gn_ops.group_norm_forward(x, 32, w, b, 1e-6, "silu", temb)
+    monkeypatch.setattr(gn_ops, "HOPPER_FWD", False)
+    y_ref, mean_ref, rstd_ref = gn_ops.group_norm_forward(x, 32, w, b, 1e-6, "silu", temb)
+    torch.testing.assert_close(mean, mean_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rstd, rstd_ref, rtol=1e-5, atol=0)
+    monkeypatch.setattr(gn_ops, "HOPPER_FWD", True)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y_graph, _, _ = gn_ops.group_norm_forward(x, 32, w, b, 1e-6, "silu", temb)
+    y_graph.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y_graph, y)

@@ -37,6 +37,7 @@ from .group_norm_details._kernels import (
     _group_norm_fwd_stats_kernel,
 )
 from .group_norm_details._chunked_launch import ChunkConfig, chunk_plan, chunked_backward, chunked_forward  # noqa: F401
+from .group_norm_details import _hopper_fwd as hopper_fwd
 
 ACTIVATIONS = {"none": 0, "silu": 1, "mish": 2, "gelu": 3}      # codes of group_norm_details/_kernels.py
 MODE_ONE_TILE, MODE_LOOP, MODE_SPLIT = 0, 1, 2
@@ -101,6 +102,12 @@ CHUNK_FIT_WAVE = True
 # evict_first no gain in either order (off).
 REVERSE_SECOND_PASS = True
 SECOND_PASS_EVICT = ""
+
+
+# The forward of contiguous NCHW groups of up to ~220 KB (SD's (2, 320, 64, 64), (16, 640, 64, 64), (16, 1280, 32, 32))
+# runs group_norm_details/_hopper_fwd.py on sm_90 with triton 3.6: one HBM read of x, the group held in shared
+# memory (see its docstring and eligible); everything else, and the CPU interpreter, takes the plans below.
+HOPPER_FWD = True
 
 
 class _Plan(NamedTuple):
@@ -223,6 +230,9 @@ def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = No
         return y, mean.zero_(), rstd.zero_()
     r = x if residual is None else _expand_residual(residual, x)
     sx, sr, sy = _nchw_strides(x), _nchw_strides(r), _nchw_strides(y)
+    if HOPPER_FWD and hopper_fwd.eligible(x, num_groups, activation, None if residual is None else sr, y):
+        return hopper_fwd.forward(x, num_groups, weight, bias, eps, activation, None if residual is None else r, sr,
+                                  y, mean, rstd)
     cl = sx[1] == 1 and hw > 1
     if _use_chunked(num_groups, cpg, hw, cl, ONE_TILE_FWD, x.numel() * x.element_size()):
         chunked_forward(x, r, weight, bias, y, mean, rstd, (sx, sr, sy), residual is not None, num_groups, eps,
