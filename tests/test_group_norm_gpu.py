@@ -145,7 +145,7 @@ def test_chunked_cuda_graph_gpu(monkeypatch):
 
 # The Gluon forward (group_norm_details/_hopper_fwd.py): (shape, groups, dtype, weight, bias, residual, activation).
 # Groups of 5 and 10 ring tiles, several groups per program (16 x 32 groups on 132 SMs), padding rows (a group
-# of 3 or 90 rows, not a multiple of the 32-row tile), 9 rows per channel (not a power of 2), a residual broadcast
+# of 3 or 90 rows, not a multiple of the 16-row tile), 9 rows per channel (not a power of 2), a residual broadcast
 # over the samples (C, 1, 1), no affine, fp32 (128-column rows).
 HOPPER_CASES = [
     pytest.param((2, 320, 64, 64), 32, BF16, True, True, (2, 320, 1, 1), "silu", id="sd-64"),
@@ -162,6 +162,7 @@ def test_hopper_forward_gpu(monkeypatch, shape, groups, dtype, weight, bias, res
     """The Gluon forward where it is available (sm_90, triton 3.6; elsewhere the Triton plans, counted as such):
     output and every gradient against float64 (the backward starts from its mean / rstd), with a shifted mean (the
     exact two-pass variance), and equal to the Triton forward within one rounding."""
+    monkeypatch.setattr(_hopper_fwd, "MIN_GROUPS_PER_SM", 0)      # small cases too
     calls = []
     forward = _hopper_fwd.forward
     monkeypatch.setattr(_hopper_fwd, "forward", lambda *a: calls.append(1) or forward(*a))
