@@ -13,7 +13,10 @@ Variants are module knobs of ``flashfuse.ops.group_norm`` (no code edits):
     chunked-waves24 CHUNKED in waves of 24 MB of input (the re-read meant to hit L2; measured slower)
     chunked-st2     CHUNKED, tile loops software-pipelined over 2 stages (tl.range num_stages; 3 is the default)
     chunked-pps2    CHUNKED, 2 programs per SM (fewer, longer chunks; fewer partials)
-    default         the module's settings as shipped (CHUNKED where _use_chunked says, else ONE_TILE / LOOP / SPLIT)
+    default         the module's settings as shipped (on sm_90 with triton 3.6 the Gluon forward where
+                    group_norm_details/_hopper_fwd.eligible says; CHUNKED where _use_chunked says, else ONE_TILE /
+                    LOOP / SPLIT)
+    default-triton  the same without the Gluon forward (HOPPER_FWD off: the Triton plans only)
     eager           PyTorch F.silu(F.group_norm(x)) (the peer)
     compile         torch.compile of the same (forward only: its backward through autograd is not graph-safe
                     in this script)
@@ -41,9 +44,11 @@ import triton
 import flashfuse.ops.group_norm as gn
 
 BUDGET_S = float(os.environ.get("TUNE_BUDGET_S", 100))
-SHAPES = [(2, 320, 64, 64), (2, 640, 32, 32), (8, 320, 128, 128), (16, 640, 64, 64), (16, 1280, 32, 32)]
+SHAPES = [(2, 320, 64, 64), (2, 640, 32, 32), (8, 320, 64, 64), (8, 320, 128, 128), (16, 640, 64, 64),
+          (16, 1280, 32, 32)]
 KNOBS = ("CHUNKED_CHANNELS_LAST", "CL_PER_GROUP_MAX_BYTES", "CHUNKED_NCHW", "CHUNKED_NCHW_MIN_GROUP",
-         "WAVE_BYTES", "CHUNK_STAGES", "CHUNK_PROGRAMS_PER_SM", "CHUNK_FIT_WAVE", "REVERSE_SECOND_PASS", "SECOND_PASS_EVICT")
+         "WAVE_BYTES", "CHUNK_STAGES", "CHUNK_PROGRAMS_PER_SM", "CHUNK_FIT_WAVE", "REVERSE_SECOND_PASS", "SECOND_PASS_EVICT",
+         "HOPPER_FWD")
 DEFAULTS = {k: getattr(gn, k) for k in KNOBS}
 ON = dict(CHUNKED_CHANNELS_LAST=True, CL_PER_GROUP_MAX_BYTES=0, CHUNKED_NCHW=True, CHUNKED_NCHW_MIN_GROUP=0)
 LEGACY = dict(CHUNKED_CHANNELS_LAST=False, CHUNKED_NCHW=False)
@@ -60,8 +65,9 @@ VARIANTS = {   # in run order: peers and old first, new last
     "chunked-waves24": dict(ON, WAVE_BYTES=24 << 20),
     "chunked-st2": dict(ON, CHUNK_STAGES=2),
     "chunked-pps2": dict(ON, CHUNK_PROGRAMS_PER_SM=2),
-    "default": {},
     "default-nofit": dict(CHUNK_FIT_WAVE=False),
+    "default-triton": dict(HOPPER_FWD=False),
+    "default": {},
 }
 GROUPS, DTYPE, EPS = 32, torch.bfloat16, 1e-5
 

@@ -172,25 +172,28 @@ if gluon is not None:
             k = i * n_tiles
             n = grp // groups
             ch0 = (grp - n * groups) * cpg                     # the group's first channel
+            # the affine's rows are loaded two tiles ahead, the first two before the statistics: loaded in place
+            # (or one tile ahead), their latency measured as the kernel's largest stall (ncu, session 18)
+            w_1, b_1 = _affine_rows(p_w, p_b, ch0, rows, inv_rows_per_channel, rows_per_group, HAS_WEIGHT, HAS_BIAS,
+                                    TILE_ROWS, tile)
+            w_2, b_2 = _affine_rows(p_w, p_b, ch0, TILE_ROWS + rows, inv_rows_per_channel, rows_per_group, HAS_WEIGHT,
+                                    HAS_BIAS, TILE_ROWS, tile)
             mean, rstd = _stats(ring, ready, k, p_res + n * stride_rn, ch0, rows, n_tiles, rows_per_group,
                                 inv_rows_per_channel, stride_rc, inv_numel, eps, HAS_RESIDUAL, HAS_PAD, TILE_ROWS,
                                 TILE_COLS, SLOTS, tile)
             gl.store(p_mean + grp, mean)
             gl.store(p_rstd + grp, rstd)
-            # pass 3: normalize, activate, store; each slot released once every warp has read it. The affine's
-            # rows are loaded a tile ahead (their latency measured as the kernel's largest stall when loaded in place).
+            # pass 3: normalize, activate, store; each slot released once every warp has read it
             base = grp.to(gl.int64) * rows_per_group * TILE_COLS
-            w_next, b_next = _affine_rows(p_w, p_b, ch0, rows, inv_rows_per_channel, rows_per_group, HAS_WEIGHT,
-                                          HAS_BIAS, TILE_ROWS, tile)
             for t in range(n_tiles):
                 slot = (k + t) % SLOTS
                 s = ring.index(slot).load(tile).to(gl.float32)
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(slot), count=1)
                 row = t * TILE_ROWS + rows
-                w_row, b_row = w_next, b_next
-                w_next, b_next = _affine_rows(p_w, p_b, ch0, row + TILE_ROWS, inv_rows_per_channel, rows_per_group,
-                                              HAS_WEIGHT, HAS_BIAS, TILE_ROWS, tile)
+                w_row, b_row, w_1, b_1 = w_1, b_1, w_2, b_2
+                w_2, b_2 = _affine_rows(p_w, p_b, ch0, row + 2 * TILE_ROWS, inv_rows_per_channel, rows_per_group,
+                                        HAS_WEIGHT, HAS_BIAS, TILE_ROWS, tile)
                 a = w_row * rstd                                   # z = s a + b: the normalization and the affine
                 b = b_row - mean * a
                 z = s * gl.expand_dims(a, 1) + gl.expand_dims(b, 1)
