@@ -5,7 +5,8 @@ The diffusion block's ``norm -> SiLU`` (diffusers ResnetBlock2D: ``silu(norm(x +
 embedding temb of shape (N, C, 1, 1)) in one kernel per direction instead of four to six memory passes.
 x is (N, C, *spatial): NCHW contiguous, channels_last, (N, C, L) or any layout whose spatial dims flatten to
 one stride, read in place through (stride_n, stride_c, stride_hw); y comes out in x's layout
-(``torch.empty_like``), never copied. The math and the kernels are in ``group_norm_details/_kernels.py``;
+(``torch.empty_like``), never copied. The math and the kernels are in ``group_norm_details/_kernels.py``
+(CHUNKED mode: ``_chunked*.py``; on Hopper the NCHW forward of groups up to ~220 KB: ``_hopper_fwd.py``, Gluon);
 this file holds the launch plan, the launchers, the torch.library ops and the public function.
 
 Layers: kernels -> launchers ``group_norm_forward`` / ``group_norm_backward`` -> torch.library ops

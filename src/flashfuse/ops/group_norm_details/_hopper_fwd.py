@@ -4,23 +4,25 @@ The Triton plans read x twice (statistics, then normalize) or meet through globa
 50-60% of the copy bandwidth (benchmarks/NOTES.md, sessions 8-13): one pass needs the whole group before it
 can normalize, and a program that holds it in registers cannot keep loads in flight. Here a persistent
 program per SM keeps a ring of SLOTS shared-memory tiles, filled by TMA from a one-warp loader partition
-that runs ahead of the compute warps and never waits for them except for a free slot:
+that runs ahead of the compute warps and waits only for a free slot; two compute partitions take the program's
+groups in turn (even / odd), so one's statistics and waits overlap the other's normalize pass:
 
-    loader (1 warp)         for each tile of each of this program's groups: wait slot free, TMA -> slot
-    compute (num_warps)     per group (its T tiles all in the ring):
-        pass 1   s = x (+ r_c, rounded to x's dtype and written back to the slot); sum s   -> mean
-        pass 2   sum (s - mean)^2 over the valid rows                                   -> rstd (exact two-pass)
-        pass 3   y = act(s * a_c + b_c),  a_c = w_c rstd,  b_c = bias_c - mean a_c; the slot is released
-                 as soon as it is read, so the loader streams the next group's tiles behind pass 3
+    loader (1 warp)           for each tile of each of this program's groups: wait slot free, TMA -> slot
+    compute (2 x WARPS)       per group (its T tiles all in the ring):
+        statistics   as the tiles arrive: s = x (+ r_c, rounded to x's dtype and written back to the slot),
+                     one-pass shifted sums per tile position, merged exactly (_stats)       -> mean, rstd
+        normalize    y = act(s * a_c + b_c),  a_c = w_c rstd,  b_c = bias_c - mean a_c; each slot released as soon
+                     as every warp of the partition has read it, so the loader streams the next tiles behind
 
 A group of NCHW x is one contiguous run of L = cpg * HW elements; x is seen as [N * G, R, TILE_COLS]
 (R = L / TILE_COLS rows of 512 bytes, each within one channel since TILE_COLS divides HW) and read in
-[1, TILE_ROWS, TILE_COLS] TMA boxes (rows past R zero-filled). A group fits when its T = cdiv(R, TILE_ROWS)
-tiles fit the ring: up to SLOTS x 16 KB = 208 KB (SD's (16, 640, 64, 64) groups are 160 KB in bf16); larger
-groups, channels_last, a full-size residual and activations other than None / SiLU stay with the Triton plans
-(group_norm.py), as does everything off sm_90 with triton 3.6 (the release this Gluon code is written for).
-The math matches _kernels.py's forward (fp32 statistics, s rounded to x's dtype like torch's add) and
-glu.py's SiLU (MUFU ex2 and rcp).
+[1, TILE_ROWS, TILE_COLS] TMA boxes (rows past R zero-filled, masked in the sums and the stores). A group fits
+when its T = cdiv(R, TILE_ROWS) tiles fit the ring: SLOTS x 8 KB = 224 KB (SD's (16, 640, 64, 64) groups are
+160 KB in bf16). Larger groups, channels_last, a full-size residual, activations other than None / SiLU and
+fewer groups than SMs stay with the Triton plans (group_norm.py), as does everything off sm_90 with triton 3.6
+(the release this Gluon code is written and measured against). The math matches _kernels.py's forward (fp32
+statistics, s rounded to x's dtype like torch's add) and glu.py's SiLU (MUFU ex2 and rcp). Measured on an H200
+(session 18): 65-76% of copy at SD's large NCHW levels, where the Triton plans reach 53-56%.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ TILE_BYTES = 8192                 # one TMA box: TILE_ROWS = TILE_BYTES / ROW_BY
 ROW_BYTES = 512                   # one warp's 16-byte vectors across 32 lanes: conflict-free shared loads
 SLOTS = 28                        # 224 KB of ring (227 KB is the sm_90 limit; barriers and reductions ~0.5 KB)
 # Two compute partitions of COMPUTE_WARPS warps each (COMPUTE_REGS registers per thread in the second; the
-# default partition gets what is left) take the groups in turn, plus the one-warp loader.
+# default partition gets what is left) take the groups in turn, plus the one-warp loader (PARTS = 1, one partition
+# of 8 warps on 16 KB tiles with 160 registers: 59.7 vs 52.5 us at (16, 640, 64, 64), session 18).
 PARTS, COMPUTE_WARPS, COMPUTE_REGS, LOADER_REGS = 2, 8, 112, 40
 # Below one group per SM (SD's (2, 320, 64, 64): 64 groups) the Triton plans, which split groups over programs,
 # measured faster (8.0 vs 9.8 us there).
@@ -242,16 +245,21 @@ if gluon is not None:
     _launch = LaunchCache(_group_norm_fwd_hopper_kernel)
 
 
+_GL_BITS = {torch.float16: 16, torch.bfloat16: 16, torch.float32: 32}
+
+
 def _tile_cols(x: torch.Tensor) -> int:
     return ROW_BYTES // x.element_size()
 
 
 def eligible(x: torch.Tensor, num_groups: int, activation: str, residual_strides, y: torch.Tensor) -> bool:
     """Whether this kernel runs the forward of x (N, C, *spatial) into y: contiguous NCHW x and y, 16-byte
-    aligned, HW a multiple of TILE_COLS, the group within the ring, no residual or one broadcast over the pixels
+    aligned, fp16 / bf16 / fp32, HW a multiple of TILE_COLS, the group within the ring, no residual or one broadcast over the pixels
     (residual_strides: the expanded residual's (stride_n, stride_c, stride_hw), or None), activation None / SiLU,
     on sm_90 with triton 3.6."""
-    if activation not in ACTIVATIONS or not available(x.device) or not x.is_contiguous() or not y.is_contiguous():
+    if activation not in ACTIVATIONS or x.dtype not in _GL_BITS or not available(x.device):
+        return False
+    if not x.is_contiguous() or not y.is_contiguous():
         return False
     if residual_strides is not None and residual_strides[2] != 0:
         return False
@@ -274,7 +282,7 @@ def forward(x, num_groups, weight, bias, eps, activation, residual, residual_str
     tile_rows = TILE_BYTES // ROW_BYTES
     rows_per_group = cpg * hw // cols
     n_groups = n * num_groups
-    bits = x.element_size() * 8
+    bits = _GL_BITS[x.dtype]
     box_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=3)
     bind_cuda_context()
     x_desc = host_descriptor(x, [n_groups, rows_per_group, cols], [rows_per_group * cols, cols, 1],
