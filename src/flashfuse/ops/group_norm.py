@@ -42,6 +42,7 @@ from .group_norm_details import _hopper_fwd as hopper_fwd
 
 ACTIVATIONS = {"none": 0, "silu": 1, "mish": 2, "gelu": 3}      # codes of group_norm_details/_kernels.py
 MODE_ONE_TILE, MODE_LOOP, MODE_SPLIT = 0, 1, 2
+RES_NONE, RES_STRIDED, RES_PER_CHANNEL = 0, 1, 2                # residual codes of the same file
 
 # Largest group held in registers as one tile (BLOCK_C x BLOCK_HW, padded to powers of 2). Forward: 16384
 # values on 16 warps are 32 fp32 per thread, as norm.py's 16384-column rows (no spills on sm_90). Backward
@@ -201,6 +202,11 @@ def _expand_residual(residual: Tensor, x: Tensor) -> Tensor:
     return _as_nchw(residual.expand(x.shape))
 
 
+def _residual_code(residual: Optional[Tensor], sr: tuple[int, int, int]) -> int:
+    """HAS_RESIDUAL of the kernels: none, per channel (constant over the pixels: stride_hw 0) or strided."""
+    return RES_NONE if residual is None else RES_PER_CHANNEL if sr[2] == 0 else RES_STRIDED
+
+
 def _dres_in_kernel(x: Tensor, residual: Optional[Tensor]) -> bool:
     """The residual is broadcast over the pixels (the (N, C, 1, 1) time embedding): the backward kernel
     sums dx over HW per (n, c) itself instead of writing a full-size gradient for torch to reduce."""
@@ -231,12 +237,13 @@ def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = No
         return y, mean.zero_(), rstd.zero_()
     r = x if residual is None else _expand_residual(residual, x)
     sx, sr, sy = _nchw_strides(x), _nchw_strides(r), _nchw_strides(y)
+    res = _residual_code(residual, sr)
     if HOPPER_FWD and hopper_fwd.eligible(x, num_groups, activation, None if residual is None else sr, y):
         return hopper_fwd.forward(x, num_groups, weight, bias, eps, activation, None if residual is None else r, sr,
                                   y, mean, rstd)
     cl = sx[1] == 1 and hw > 1
     if _use_chunked(num_groups, cpg, hw, cl, ONE_TILE_FWD, x.numel() * x.element_size()):
-        chunked_forward(x, r, weight, bias, y, mean, rstd, (sx, sr, sy), residual is not None, num_groups, eps,
+        chunked_forward(x, r, weight, bias, y, mean, rstd, (sx, sr, sy), res, num_groups, eps,
                         ACTIVATIONS[activation], _chunk_config(x.device), _alloc)
         return y, mean, rstd
     plan = _plan(n, num_groups, cpg, hw, sx[1] == 1 and hw > 1, ONE_TILE_FWD, FWD_ELEMENTS_PER_WARP, x.device)
@@ -246,13 +253,13 @@ def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = No
         part = _alloc((n * num_groups, plan.n_chunks, 2), torch.float32, x.device)
         _group_norm_fwd_stats_kernel[grid](
             x, r, part, hw, cpg, num_groups, plan.chunk_hw, plan.n_chunks, *sx, *sr,
-            HAS_RESIDUAL=residual is not None, BLOCK_C=plan.block_c, BLOCK_HW=plan.block_hw,
+            HAS_RESIDUAL=res, BLOCK_C=plan.block_c, BLOCK_HW=plan.block_hw,
             num_warps=plan.num_warps)
     dummy = x  # stands in for absent weight / bias (HAS_* is False: never touched)
     _group_norm_fwd_kernel[grid](
         x, r, dummy if weight is None else weight, dummy if bias is None else bias, y, part, mean, rstd,
         hw, cpg, num_groups, plan.chunk_hw, plan.n_chunks, float(cpg * hw), *sx, *sr, *sy, float(eps),
-        MODE=plan.mode, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
+        MODE=plan.mode, HAS_RESIDUAL=res, HAS_WEIGHT=weight is not None,
         HAS_BIAS=bias is not None, ACTIVATION=ACTIVATIONS[activation], BLOCK_C=plan.block_c,
         BLOCK_HW=plan.block_hw, BLOCK_K=next_power_of_2(plan.n_chunks), REVERSE=REVERSE_SECOND_PASS,
         EVICT=SECOND_PASS_EVICT, num_warps=plan.num_warps)
@@ -271,7 +278,7 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
         r = x if residual is None else _expand_residual(residual, x)
         strides = tuple(_nchw_strides(t) for t in (x, r, dy, dx))
         dw_part, db_part, dres_part = chunked_backward(
-            dy, x, r, weight, bias, mean, rstd, dx, strides, residual is not None, num_groups,
+            dy, x, r, weight, bias, mean, rstd, dx, strides, _residual_code(residual, strides[1]), num_groups,
             ACTIVATIONS[activation], dres_in_kernel, _chunk_config(x.device), _alloc)
         return dx, *_reduce_parts(x, residual, weight, bias, n, c, dw_part if compute_dw else None,
                                   db_part if compute_db else None, dres_part)
@@ -288,7 +295,7 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
         dummy = mean  # stands in for absent tensors (their HAS_* / COMPUTE_* is False: never touched)
         sums = dummy
         w, b = dummy if weight is None else weight, dummy if bias is None else bias
-        flags = dict(HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+        flags = dict(HAS_RESIDUAL=_residual_code(residual, sr), HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
                      ACTIVATION=ACTIVATIONS[activation], COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
                      BLOCK_C=plan.block_c, BLOCK_HW=plan.block_hw, num_warps=plan.num_warps)
         if plan.mode == MODE_SPLIT:

@@ -61,14 +61,14 @@ def _chunked_fwd_stats_kernel(
     i_n, i_k, o_c, m_c, hw_start, hw_end = _slab(C, HW, chunk_hw, BLOCK_C)
     X += i_n * stride_x_n
     R += i_n * stride_r_n
-    shift = _load_s(X, R, o_c // CPG * CPG, tl.zeros([1], dtype=tl.int32), m_c[:, None], stride_x_c,
+    shift = _load_s(X, R, o_c // CPG * CPG, tl.zeros([1], dtype=tl.int32), m_c, m_c[:, None], stride_x_c,
                     stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)       # [BLOCK_C, 1]: K_g
     acc = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
     for h0 in tl.range(hw_start, hw_end, BLOCK_HW, num_stages=STAGES):
         o_hw = h0 + tl.arange(0, BLOCK_HW)                                    # [BLOCK_HW]
         mask = m_c[:, None] & (o_hw < hw_end)[None, :]
-        s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
+        s = _load_s(X, R, o_c, o_hw, m_c, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
         d = tl.where(mask, s - shift, 0.0)
         acc += d
         acc2 += d * d
@@ -118,7 +118,7 @@ def _chunked_finalize_kernel(
             dev = tl.load(PA + p, mask=mask, other=0.0) - dmu
             m2 += tl.where(mask, tl.load(PB + p, mask=mask, other=0.0) + cnt[:, None] * dev * dev, 0.0)
         o_g = c_first + tl.zeros([1], dtype=tl.int64)                         # [1]
-        shift = _load_s(X + i_n * stride_x_n, R + i_n * stride_r_n, o_g, o_g * 0, o_g[:, None] >= 0,
+        shift = _load_s(X + i_n * stride_x_n, R + i_n * stride_r_n, o_g, o_g * 0, o_g >= 0, o_g[:, None] >= 0,
                         stride_x_c, 0, stride_r_c, 0, HAS_RESIDUAL)           # [1, 1]: K_g
         tl.store(OUT_A + i_ng + tl.zeros([1], dtype=tl.int64), tl.sum(shift, axis=1) + dmu)
         tl.store(OUT_B + i_ng, tl.math.rsqrt(tl.sum(tl.sum(m2, axis=1), axis=0) / group_size + eps))
@@ -169,7 +169,7 @@ def _chunked_fwd_apply_kernel(
     for i_t in tl.range(0, n_t, num_stages=STAGES):
         o_hw = _tile_start(hw_start, i_t, n_t, BLOCK_HW, REVERSE) + tl.arange(0, BLOCK_HW)   # [BLOCK_HW]
         mask = m_c[:, None] & (o_hw < hw_end)[None, :]
-        s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL,
+        s = _load_s(X, R, o_c, o_hw, m_c, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL,
                     EVICT)
         _normalize_store(s, mean, rstd, w, b, Y, o_c, o_hw, mask, stride_y_c, stride_y_hw,
                          HAS_WEIGHT, HAS_BIAS, ACTIVATION, EVICT)
@@ -198,7 +198,7 @@ def _chunked_bwd_sums_kernel(
     for h0 in tl.range(hw_start, hw_end, BLOCK_HW, num_stages=STAGES):
         o_hw = h0 + tl.arange(0, BLOCK_HW)                                    # [BLOCK_HW]
         mask = m_c[:, None] & (o_hw < hw_end)[None, :]
-        s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
+        s = _load_s(X, R, o_c, o_hw, m_c, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
         dy = tl.load(DY + o_c[:, None] * stride_dy_c + o_hw[None, :] * stride_dy_hw, mask=mask, other=0.0)
         x_hat, dz, _g = _grad_tile(s, dy, mean, rstd, w, b, mask, HAS_WEIGHT, HAS_BIAS, ACTIVATION)
         acc_dz += dz                                    # 0 outside the mask (dy loads 0 there)
@@ -236,7 +236,7 @@ def _chunked_bwd_dx_kernel(
     for i_t in tl.range(0, n_t, num_stages=STAGES):
         o_hw = _tile_start(hw_start, i_t, n_t, BLOCK_HW, REVERSE) + tl.arange(0, BLOCK_HW)   # [BLOCK_HW]
         mask = m_c[:, None] & (o_hw < hw_end)[None, :]
-        s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL,
+        s = _load_s(X, R, o_c, o_hw, m_c, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL,
                     EVICT)
         dy = tl.load(DY + o_c[:, None] * stride_dy_c + o_hw[None, :] * stride_dy_hw, mask=mask, other=0.0,
                      eviction_policy=EVICT)

@@ -42,6 +42,7 @@ from ._chunked import (
     _chunked_fwd_apply_kernel,
     _chunked_fwd_stats_kernel,
 )
+from ._kernels import RES_STRIDED
 
 CL_MAX_BLOCK_C = 256        # 512 bytes of bf16 per pixel row (4 lines); larger C takes several channel blocks
 NCHW_MAX_BLOCK_HW = 1024    # 2 KB of bf16 per channel row
@@ -105,15 +106,16 @@ def _waves(n: int, wave: int):
         yield slice(n0, min(n, n0 + wave))
 
 
-def chunked_forward(x, r, weight, bias, y, mean, rstd, strides, has_residual, num_groups, eps, activation,
+def chunked_forward(x, r, weight, bias, y, mean, rstd, strides, residual_code, num_groups, eps, activation,
                     cfg: ChunkConfig, alloc):
     """y, mean, rstd written in place. x, r, y: (N, C, *spatial) with strides = ((sx), (sr), (sy)) from
-    group_norm._nchw_strides; activation: the kernels' code; alloc(shape, dtype, device) for fp32 buffers."""
+    group_norm._nchw_strides; residual_code, activation: the kernels' codes (HAS_RESIDUAL, ACTIVATION);
+    alloc(shape, dtype, device) for fp32 buffers."""
     n, c = x.shape[0], x.shape[1]
     hw = x.numel() // (n * c)
     cpg = c // num_groups
     sx, sr, sy = strides
-    inputs = 2 if has_residual and sr[2] != 0 else 1        # a full residual is read with x
+    inputs = 2 if residual_code == RES_STRIDED.value else 1        # a full residual is read with x
     plan = chunk_plan(n, c, hw, sx[1] == 1 and hw > 1, c * hw * x.element_size() * inputs, cfg)
     k = plan.n_chunks
     delta_part = alloc((n, k, c), torch.float32, x.device)
@@ -125,18 +127,18 @@ def chunked_forward(x, r, weight, bias, y, mean, rstd, strides, has_residual, nu
         grid = (sl.stop - sl.start, k, plan.n_cblocks)
         xs, rs = x[sl], r[sl]
         _chunked_fwd_stats_kernel[grid](xs, rs, delta_part[sl], m2_part[sl], c, hw, cpg, plan.chunk_hw, k,
-                                        *sx, *sr, HAS_RESIDUAL=has_residual, **tile)
+                                        *sx, *sr, HAS_RESIDUAL=residual_code, **tile)
         _chunked_finalize_kernel[((sl.stop - sl.start) * num_groups,)](
             xs, rs, delta_part[sl], m2_part[sl], mean, mean[sl], rstd[sl], c, hw, cpg, num_groups,
             plan.chunk_hw, k, float(cpg * hw), float(eps), sx[0], sx[1], sr[0], sr[1], FORWARD=True,
-            HAS_RESIDUAL=has_residual, HAS_WEIGHT=False, **_finalize_blocks(plan, cpg))
+            HAS_RESIDUAL=residual_code, HAS_WEIGHT=False, **_finalize_blocks(plan, cpg))
         _chunked_fwd_apply_kernel[grid](
             xs, rs, w, b, y[sl], mean[sl], rstd[sl], c, hw, cpg, num_groups, plan.chunk_hw, *sx, *sr, *sy,
-            HAS_RESIDUAL=has_residual, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            HAS_RESIDUAL=residual_code, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
             ACTIVATION=activation, REVERSE=cfg.reverse, EVICT=cfg.evict, **tile)
 
 
-def chunked_backward(dy, x, r, weight, bias, mean, rstd, dx, strides, has_residual, num_groups, activation,
+def chunked_backward(dy, x, r, weight, bias, mean, rstd, dx, strides, residual_code, num_groups, activation,
                      dres_in_kernel, cfg: ChunkConfig, alloc):
     """dx written in place; returns (dw_part, db_part, dres_part or None), each [N, chunks, C] fp32: the
     per-channel sums of dz x_hat, dz and (dres_in_kernel) dx over each chunk's pixels."""
@@ -144,7 +146,7 @@ def chunked_backward(dy, x, r, weight, bias, mean, rstd, dx, strides, has_residu
     hw = x.numel() // (n * c)
     cpg = c // num_groups
     sx, sr, sdy, sdx = strides
-    inputs = 3 if has_residual and sr[2] != 0 else 2        # x, dy (and a full residual)
+    inputs = 3 if residual_code == RES_STRIDED.value else 2        # x, dy (and a full residual)
     plan = chunk_plan(n, c, hw, sx[1] == 1 and hw > 1, c * hw * x.element_size() * inputs, cfg)
     k = plan.n_chunks
     dw_part = alloc((n, k, c), torch.float32, x.device)
@@ -154,7 +156,7 @@ def chunked_backward(dy, x, r, weight, bias, mean, rstd, dx, strides, has_residu
     c2 = alloc((n, num_groups), torch.float32, x.device)
     dummy = mean   # stands in for absent tensors (HAS_* is False: never touched)
     w, b = dummy if weight is None else weight, dummy if bias is None else bias
-    flags = dict(HAS_RESIDUAL=has_residual, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+    flags = dict(HAS_RESIDUAL=residual_code, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
                  ACTIVATION=activation, BLOCK_C=plan.block_c, BLOCK_HW=plan.block_hw, STAGES=cfg.stages,
                  num_warps=plan.num_warps)
     for sl in _waves(n, plan.wave):
@@ -164,7 +166,7 @@ def chunked_backward(dy, x, r, weight, bias, mean, rstd, dx, strides, has_residu
                                        c, hw, cpg, num_groups, plan.chunk_hw, k, *sx, *sr, *sdy, **flags)
         _chunked_finalize_kernel[((sl.stop - sl.start) * num_groups,)](
             xs, rs, dw_part[sl], db_part[sl], w, c1[sl], c2[sl], c, hw, cpg, num_groups, plan.chunk_hw, k,
-            float(cpg * hw), 0.0, sx[0], sx[1], sr[0], sr[1], FORWARD=False, HAS_RESIDUAL=has_residual,
+            float(cpg * hw), 0.0, sx[0], sx[1], sr[0], sr[1], FORWARD=False, HAS_RESIDUAL=residual_code,
             HAS_WEIGHT=weight is not None, **_finalize_blocks(plan, cpg))
         _chunked_bwd_dx_kernel[grid](
             xs, rs, dys, w, b, mean[sl], rstd[sl], c1[sl], c2[sl], dx[sl],

@@ -51,6 +51,11 @@ ONE_TILE: tl.constexpr = tl.constexpr(0)
 LOOP: tl.constexpr = tl.constexpr(1)
 SPLIT: tl.constexpr = tl.constexpr(2)
 
+# Residual codes (HAS_RESIDUAL): none, read through its strides, one value per channel (stride_hw = 0).
+RES_NONE: tl.constexpr = tl.constexpr(0)
+RES_STRIDED: tl.constexpr = tl.constexpr(1)
+RES_PER_CHANNEL: tl.constexpr = tl.constexpr(2)
+
 # Activation codes (ints: string constexpr defaults fail to compile on triton 3.6).
 ACT_NONE: tl.constexpr = tl.constexpr(0)
 ACT_SILU: tl.constexpr = tl.constexpr(1)
@@ -88,13 +93,20 @@ def _act(z, BACKWARD: tl.constexpr, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
-def _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
+def _load_s(X, R, o_c, o_hw, m_c, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
             HAS_RESIDUAL: tl.constexpr, EVICT: tl.constexpr = tl.constexpr("")):
     """s = x (+ residual, rounded to x's dtype) as fp32, 0 outside the mask. [BLOCK_C, BLOCK_HW]
-    EVICT: the loads' L2 eviction policy ("evict_first" on a last read)."""
+    m_c: [BLOCK_C] the valid channels, mask: [BLOCK_C, BLOCK_HW] the valid elements. HAS_RESIDUAL: RES_NONE,
+    RES_STRIDED (read through its strides) or RES_PER_CHANNEL (stride_r_hw = 0, the (N, C, 1, 1) time
+    embedding: one value per channel, loaded as [BLOCK_C, 1] and broadcast; read through a runtime zero
+    stride it would be gathered per element, without vector loads). EVICT: the L2 eviction policy of the
+    loads of x and of a strided residual ("evict_first" on a last read)."""
     s = tl.load(X + o_c[:, None] * stride_x_c + o_hw[None, :] * stride_x_hw, mask=mask, other=0.0,
                 eviction_policy=EVICT)
-    if HAS_RESIDUAL:
+    if HAS_RESIDUAL == RES_PER_CHANNEL:
+        r = tl.load(R + o_c[:, None] * stride_r_c, mask=m_c[:, None], other=0.0)        # [BLOCK_C, 1]
+        s = tl.where(mask, (s.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty), 0.0)
+    elif HAS_RESIDUAL == RES_STRIDED:
         r = tl.load(R + o_c[:, None] * stride_r_c + o_hw[None, :] * stride_r_hw, mask=mask, other=0.0,
                     eviction_policy=EVICT)
         s = (s.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
@@ -154,9 +166,10 @@ def _chunk_stats(X, R, CPG, hw_start, hw_end, stride_x_c, stride_x_hw, stride_r_
     A reduction per tile (a cross-warp barrier every BLOCK_C x BLOCK_HW elements) would stall the loads
     of the next tile behind it."""
     o_c = tl.arange(0, BLOCK_C)                                               # [BLOCK_C]
+    m_c = o_c < CPG
     o_hw = hw_start + tl.arange(0, BLOCK_HW)                                  # [BLOCK_HW]
-    mask = (o_c < CPG)[:, None] & (o_hw < hw_end)[None, :]
-    s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
+    mask = m_c[:, None] & (o_hw < hw_end)[None, :]
+    s = _load_s(X, R, o_c, o_hw, m_c, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
     n_first = (tl.minimum(CPG, BLOCK_C) * tl.minimum(hw_end - hw_start, BLOCK_HW)).to(tl.float32)
     shift = tl.sum(tl.sum(s, axis=1), axis=0) / n_first
     acc = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
@@ -167,7 +180,7 @@ def _chunk_stats(X, R, CPG, hw_start, hw_end, stride_x_c, stride_x_hw, stride_r_
         for h0 in range(hw_start, hw_end, BLOCK_HW):
             o_hw = h0 + tl.arange(0, BLOCK_HW)                                # [BLOCK_HW]
             mask = m_c[:, None] & (o_hw < hw_end)[None, :]
-            s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
+            s = _load_s(X, R, o_c, o_hw, m_c, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
             d = tl.where(mask, s - shift, 0.0)
             acc += d
             acc2 += d * d
@@ -229,7 +242,7 @@ def _group_norm_fwd_kernel(
         m_c = o_c < CPG
         o_hw = tl.arange(0, BLOCK_HW)                                         # [BLOCK_HW]
         mask = m_c[:, None] & (o_hw < HW)[None, :]
-        s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
+        s = _load_s(X, R, o_c, o_hw, m_c, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
         mean = tl.sum(tl.sum(s, axis=1), axis=0) / group_size
         d = tl.where(mask, s - mean, 0.0)
         rstd = tl.math.rsqrt(tl.sum(tl.sum(d * d, axis=1), axis=0) / group_size + eps)
@@ -262,7 +275,7 @@ def _group_norm_fwd_kernel(
             for i_t in range(0, n_t):
                 o_hw = _tile_start(hw_start, i_t, n_t, BLOCK_HW, REVERSE) + tl.arange(0, BLOCK_HW)
                 mask = m_c[:, None] & (o_hw < hw_end)[None, :]
-                s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
+                s = _load_s(X, R, o_c, o_hw, m_c, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
                             HAS_RESIDUAL, EVICT)
                 _normalize_store(s, mean, rstd, w, b, Y, o_c, o_hw, mask, stride_y_c, stride_y_hw,
                                  HAS_WEIGHT, HAS_BIAS, ACTIVATION, EVICT)
@@ -311,7 +324,7 @@ def _chunk_grad_sums(X, R, DY, W, B, DW_PART, DB_PART, mean, rstd, CPG, hw_start
         for h0 in range(hw_start, hw_end, BLOCK_HW):
             o_hw = h0 + tl.arange(0, BLOCK_HW)                                # [BLOCK_HW]
             mask = m_c[:, None] & (o_hw < hw_end)[None, :]
-            s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
+            s = _load_s(X, R, o_c, o_hw, m_c, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
             dy = tl.load(DY + o_c[:, None] * stride_dy_c + o_hw[None, :] * stride_dy_hw, mask=mask, other=0.0)
             x_hat, dz, _g = _grad_tile(s, dy, mean, rstd, w, b, mask, HAS_WEIGHT, HAS_BIAS, ACTIVATION)
             acc_dz += dz
@@ -398,7 +411,7 @@ def _group_norm_bwd_kernel(
         m_c = o_c < CPG
         o_hw = tl.arange(0, BLOCK_HW)                                         # [BLOCK_HW]
         mask = m_c[:, None] & (o_hw < HW)[None, :]
-        s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
+        s = _load_s(X, R, o_c, o_hw, m_c, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw, HAS_RESIDUAL)
         dy = tl.load(DY + o_c[:, None] * stride_dy_c + o_hw[None, :] * stride_dy_hw, mask=mask, other=0.0)
         w, b = _load_affine(W, B, o_c, m_c, HAS_WEIGHT, HAS_BIAS)
         x_hat, dz, g = _grad_tile(s, dy, mean, rstd, w, b, mask, HAS_WEIGHT, HAS_BIAS, ACTIVATION)
@@ -439,7 +452,7 @@ def _group_norm_bwd_kernel(
             for i_t in range(0, n_t):
                 o_hw = _tile_start(hw_start, i_t, n_t, BLOCK_HW, REVERSE) + tl.arange(0, BLOCK_HW)
                 mask = m_c[:, None] & (o_hw < hw_end)[None, :]
-                s = _load_s(X, R, o_c, o_hw, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
+                s = _load_s(X, R, o_c, o_hw, m_c, mask, stride_x_c, stride_x_hw, stride_r_c, stride_r_hw,
                             HAS_RESIDUAL, EVICT)
                 dy = tl.load(DY + o_c[:, None] * stride_dy_c + o_hw[None, :] * stride_dy_hw, mask=mask,
                              other=0.0, eviction_policy=EVICT)
