@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import flashfuse.ops.group_norm as gn_ops
-from flashfuse.ops.group_norm_details import _hopper_fwd
+from flashfuse.ops.group_norm_details import _hopper_fwd, _hopper_fwd_cl
 from flashfuse.nn.group_norm import GroupNormAct
 from flashfuse.ops.group_norm import group_norm
 from test_group_norm import CL, check, leaf, make, poison, rel_err  # noqa: F401  (poison: autouse NaN fills)
@@ -193,3 +193,58 @@ def test_hopper_forward_stats_and_graph_gpu(monkeypatch):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y_graph, y)
+
+
+# The channels_last Gluon forward (group_norm_details/_hopper_fwd_cl.py): (shape, groups, dtype, weight, bias,
+# residual, activation). Chunks of 1-4 pixel tiles, 1-4 rounds (both compute partitions), a partial last chunk
+# ((7, 256, 40, 40): 25 pixel tiles in chunks of 2), pixel counts not a multiple of the 64-pixel tile (HAS_PAD),
+# groups across the 64-channel blocks (cpg 20, 40), 1 channel block, fp32 (32-channel blocks), a residual
+# broadcast over the samples, no affine.
+HOPPER_CL_CASES = [
+    pytest.param((2, 320, 64, 64), 32, BF16, True, True, (2, 320, 1, 1), "silu", id="sd-64"),
+    pytest.param((16, 640, 64, 64), 32, BF16, True, True, (16, 640, 1, 1), "silu", id="sd-64-640-rounds"),
+    pytest.param((16, 1280, 32, 32), 32, F16, True, True, None, "silu", id="sd-32-cpg40"),
+    pytest.param((8, 320, 128, 128), 32, BF16, True, True, (8, 320, 1, 1), "silu", id="sd-128"),
+    pytest.param((7, 256, 40, 40), 16, BF16, True, True, None, None, id="partial-last-chunk"),
+    pytest.param((3, 128, 9, 13), 8, BF16, False, False, None, "silu", id="pad-117-pixels"),
+    pytest.param((2, 64, 30, 30), 4, torch.float32, True, False, (64, 1, 1), "silu", id="fp32-pad"),
+    pytest.param((5, 64, 8, 8), 64, F16, True, True, None, None, id="one-channel-groups"),
+]
+
+
+@pytest.mark.parametrize("shape, groups, dtype, weight, bias, residual, activation", HOPPER_CL_CASES)
+def test_hopper_forward_channels_last_gpu(monkeypatch, shape, groups, dtype, weight, bias, residual, activation):
+    """The channels_last Gluon forward where it is available (elsewhere the Triton plans, counted as such): output
+    and every gradient against float64, a shifted mean, and equal to the Triton forward within one rounding."""
+    calls = []
+    forward = _hopper_fwd_cl.forward
+    monkeypatch.setattr(_hopper_fwd_cl, "forward", lambda *a: calls.append(1) or forward(*a))
+    t = make(shape, dtype, "cuda", layout=CL, weight=weight, bias=bias, residual=residual, shift=3.0)
+    y = check(t, groups, activation, TOL.get(dtype, 1e-5), eps=1e-6)
+    assert len(calls) == (1 if _hopper_fwd_cl.available(torch.device("cuda")) else 0)
+    monkeypatch.setattr(gn_ops, "HOPPER_FWD", False)
+    y_triton = group_norm(t["x"], groups, t["weight"], t["bias"], 1e-6, activation, t["residual"])
+    assert rel_err(y, y_triton) < TOL.get(dtype, 1e-5)
+
+
+def test_hopper_forward_channels_last_stats_and_graph_gpu(monkeypatch):
+    """mean / rstd of the channels_last Gluon forward equal the Triton plan's, and its launch (the zeroed meeting
+    counters included) replays in a CUDA graph, twice."""
+    x = (torch.randn(16, 640, 64, 64, device="cuda", dtype=BF16) + 2.0).to(memory_format=CL)
+    w, b = torch.randn(640, device="cuda"), torch.randn(640, device="cuda")
+    temb = torch.randn(16, 640, 1, 1, device="cuda", dtype=BF16)
+    y, mean, rstd = gn_ops.group_norm_forward(x, 32, w, b, 1e-6, "silu", temb)
+    monkeypatch.setattr(gn_ops, "HOPPER_FWD", False)
+    y_ref, mean_ref, rstd_ref = gn_ops.group_norm_forward(x, 32, w, b, 1e-6, "silu", temb)
+    torch.testing.assert_close(mean, mean_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rstd, rstd_ref, rtol=1e-5, atol=0)
+    assert rel_err(y, y_ref) < TOL[BF16]
+    monkeypatch.setattr(gn_ops, "HOPPER_FWD", True)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y_graph, _, _ = gn_ops.group_norm_forward(x, 32, w, b, 1e-6, "silu", temb)
+    for _ in range(2):
+        y_graph.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y_graph, y)

@@ -39,6 +39,7 @@ from .group_norm_details._kernels import (
 )
 from .group_norm_details._chunked_launch import ChunkConfig, chunk_plan, chunked_backward, chunked_forward  # noqa: F401
 from .group_norm_details import _hopper_fwd as hopper_fwd
+from .group_norm_details import _hopper_fwd_cl as hopper_fwd_cl
 
 ACTIVATIONS = {"none": 0, "silu": 1, "mish": 2, "gelu": 3}      # codes of group_norm_details/_kernels.py
 MODE_ONE_TILE, MODE_LOOP, MODE_SPLIT = 0, 1, 2
@@ -238,9 +239,11 @@ def group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor] = No
     r = x if residual is None else _expand_residual(residual, x)
     sx, sr, sy = _nchw_strides(x), _nchw_strides(r), _nchw_strides(y)
     res = _residual_code(residual, sr)
-    if HOPPER_FWD and hopper_fwd.eligible(x, num_groups, activation, None if residual is None else sr, y):
-        return hopper_fwd.forward(x, num_groups, weight, bias, eps, activation, None if residual is None else r, sr,
-                                  y, mean, rstd)
+    if HOPPER_FWD:
+        for kernel in (hopper_fwd, hopper_fwd_cl):      # NCHW groups held whole; channels_last samples in chunks
+            if kernel.eligible(x, num_groups, activation, None if residual is None else sr, y):
+                return kernel.forward(x, num_groups, weight, bias, eps, activation, None if residual is None else r,
+                                      sr, y, mean, rstd)
     cl = sx[1] == 1 and hw > 1
     if _use_chunked(num_groups, cpg, hw, cl, ONE_TILE_FWD, x.numel() * x.element_size()):
         chunked_forward(x, r, weight, bias, y, mean, rstd, (sx, sr, sy), res, num_groups, eps,
