@@ -196,10 +196,10 @@ def test_hopper_forward_stats_and_graph_gpu(monkeypatch):
 
 
 # The channels_last Gluon forward (group_norm_details/_hopper_fwd_cl.py): (shape, groups, dtype, weight, bias,
-# residual, activation). Chunks of 1-4 pixel tiles, 1-4 rounds (both compute partitions), a partial last chunk
-# ((7, 256, 40, 40): 25 pixel tiles in chunks of 2), pixel counts not a multiple of the 64-pixel tile (HAS_PAD),
-# groups across the 64-channel blocks (cpg 20, 40), 1 channel block, fp32 (32-channel blocks), a residual
-# broadcast over the samples, no affine.
+# residual, activation). 64- and 32-pixel tiles (sd-32-cpg40 and the small cases take 32), chunks of 1-3 pixel
+# tiles, 1-8 rounds (both compute partitions), a partial last chunk ((7, 256, 40, 40): 50 pixel tiles in chunks of
+# 3), pixel counts not a multiple of the tile (HAS_PAD), groups across the 64-channel blocks (cpg 20, 40), 1 channel
+# block, fp32 (32-channel blocks), a residual broadcast over the samples, no affine.
 HOPPER_CL_CASES = [
     pytest.param((2, 320, 64, 64), 32, BF16, True, True, (2, 320, 1, 1), "silu", id="sd-64"),
     pytest.param((16, 640, 64, 64), 32, BF16, True, True, (16, 640, 1, 1), "silu", id="sd-64-640-rounds"),

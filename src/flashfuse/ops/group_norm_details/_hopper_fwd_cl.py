@@ -2,25 +2,30 @@
 
 channels_last x (N, C, H, W) is [N, HW, C] in memory: a group is cpg channels of every pixel of its sample, so no
 program can hold a group of SD's shapes alone (a sample is 2.6-10 MB). Here the sample is cut into K chunks of
-pixels (all C channels, <= the 224 KB ring), and the K programs holding one sample's chunks meet once through
-global memory:
+pixels (all C channels), and the K programs holding one sample's chunks meet once through global memory:
 
     loader (1 warp)        the chunk's [TILE_P pixels, BOX_C channels] tiles by TMA into the ring (channel block
                            by channel block), as in _hopper_fwd.py
-    compute (2 x WARPS)    per round (partitions take rounds in turn):
+    compute (2 x WARPS)    per round (partitions take rounds in turn; a chunk fills at most half the ring, so the
+                           loader streams one partition's next chunk while the other meets and normalizes):
         statistics   per channel block, one-pass shifted sums per tile position over the chunk's pixel tiles
                      (as _hopper_fwd._stats), reduced to (mean, M2) per channel, then per group of the chunk:
                          mean_g = sum_c mean_c / cpg,   M2_g = sum_c M2_c + P sum_c (mean_c - mean_g)^2
         meet         (mean_g, M2_g) stored, one release atomic on the sample's counter, spin (acquire) until the
-                     K chunks are in; merged exactly over the chunks (counts P_k cpg, Chan's formula)
+                     K chunks are in; merged exactly over the chunks, K_BLOCK at a time (counts P_k cpg, Chan)
         normalize    y = act(s a_c + b_c), a_c = w_c rstd_g, b_c = bias_c - mean_g a_c per column (a channel):
-                     no per-row work; slots released as read
+                     rstd_g, mean_g gathered from registers, w_c, bias_c from a shared-memory table filled once
+                     per program; slots released as read
+
+No global load waits inside the per-channel-block loops (session 19's first version fetched the affine terms and the
+residual per channel block from global memory, ~20 dependent L2 round trips per round, and ran slower than the
+Triton plans): the (N, C, 1, 1) time embedding of the round's sample is fetched in one load into a shared-memory
+table, added per column (rounded to x's dtype like torch's add) and written back to the slot.
 
 Program pid holds chunk pid % K of the samples pid // K, pid // K + S, ... (S = SMs // K samples per round): all K
 programs of a sample are in the same round, and the grid (S K <= SMs, one program per SM by its shared memory) is
-resident at once, so the spin cannot wait on a program that is not running. Chunk size: the tiles per chunk
-that minimise rounds x chunk length (plan). The (N, C, 1, 1) time embedding is added per column (rounded to x's
-dtype like torch's add) and written back to the slot. Statistics in fp32; SiLU as _hopper_fwd (MUFU ex2, rcp).
+resident at once, so the spin cannot wait on a program that is not running. Tile height and chunk size: plan().
+Statistics in fp32; SiLU as _hopper_fwd (MUFU ex2, rcp).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import torch
 
 from .._triton import LaunchCache, cdiv, next_power_of_2, sm_count
 from ..attention.flash_fwd_hopper import available, bind_cuda_context, gluon, host_descriptor
-from ._hopper_fwd import ACTIVATIONS, COMPUTE_REGS, COMPUTE_WARPS, LOADER_REGS, PARTS, TILE_BYTES
+from ._hopper_fwd import ACTIVATIONS, COMPUTE_REGS, COMPUTE_WARPS, LOADER_REGS, PARTS
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl
@@ -40,37 +45,56 @@ if gluon is not None:
     from ._hopper_fwd import _NEG_LOG2E, _ex2, _rcp
 
 BOX_BYTES = 128                   # a tile row: BOX_C = 128 / element size channels of one pixel (8 lanes x 16 B)
-SLOTS = 27                        # 216 KB of ring: the meeting's reductions need ~4.5 KB beside it (227 KB in all)
+TILE_PIXELS = (64, 32)            # tile heights tried (32 = one row of 4 lanes x COMPUTE_WARPS warps)
+SMEM_BYTES = 232448               # the sm_90 limit per block (227 KB)
+SCRATCH_BYTES = 8192              # beside the ring and the tables: barriers, the reductions' and gathers' scratch
+K_BLOCK_MAX = 64                  # chunks merged per step of the meeting
 
 if gluon is not None:
     @gluon.jit
+    def _channel_rows(ptr, stride, c, other, N_CB_PAD: gl.constexpr, BOX_C: gl.constexpr, WARPS: gl.constexpr):
+        """ptr[ch * stride] for the channels ch < c (other past c) as [N_CB_PAD, BOX_C] fp32, one row per channel
+        block: one load for all channel blocks."""
+        two: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
+        ch = gl.expand_dims(gl.arange(0, N_CB_PAD, layout=gl.SliceLayout(1, two)), 1) * BOX_C + \
+            gl.expand_dims(gl.arange(0, BOX_C, layout=gl.SliceLayout(0, two)), 0)          # [N_CB_PAD, BOX_C]
+        return gl.load(ptr + ch * stride, mask=ch < c, other=other).to(gl.float32)
+
+    @gluon.jit
+    def _rows(table):
+        """table [R, BOX_C] seen as [R, 1, BOX_C], so that table_rows.index(i) loads row i as [1, BOX_C] (a
+        dynamic index; slices need constant starts)."""
+        return table._reinterpret(table.dtype, [table.shape[0], 1, table.shape[1]], table.layout)
+
+    @gluon.jit
     def _stage_s(ring, ready, k, r, HAS_RESIDUAL: gl.constexpr, SLOTS: gl.constexpr, tile: gl.constexpr):
-        """Waits for the program's tile k; s = x (+ r per column, rounded to x's dtype and written back to the slot
-        for the normalize pass) as fp32 [TILE_P, BOX_C]."""
+        """Waits for the program's tile k; s = x (+ r [1, BOX_C] per column, rounded to x's dtype and written back to
+        the slot for the normalize pass) as fp32 [TILE_P, BOX_C]."""
         slot = k % SLOTS
         mbarrier.wait(ready.index(slot), (k // SLOTS) & 1)
         s = ring.index(slot).load(tile)
         if HAS_RESIDUAL:
-            s = (s.to(gl.float32) + gl.expand_dims(r, 0)).to(ring.dtype)
+            s = (s.to(gl.float32) + r).to(ring.dtype)
             ring.index(slot).store(s)
         return s.to(gl.float32)
 
     @gluon.jit
-    def _chunk_stats(ring, ready, k, p_r, stride_rc, p_scr, p_part, n_pt, n_px, n_cb, cpg, groups,
+    def _chunk_stats(ring, ready, res, res_row0, k, p_scr, p_part, n_pt, n_px, n_cb, cpg, groups,
                      HAS_RESIDUAL: gl.constexpr, HAS_PAD: gl.constexpr, TILE_P: gl.constexpr, BOX_C: gl.constexpr,
                      G_PAD: gl.constexpr, CPG_PAD: gl.constexpr, SLOTS: gl.constexpr, WARPS: gl.constexpr,
                      tile: gl.constexpr):
         """(mean, M2) per group of this chunk (n_px pixels) -> p_part[g * 2 + {0, 1}]; p_scr [>= 2 C] fp32 holds
-        the per-channel (mean, M2) in between."""
+        the per-channel (mean, M2) in between; res [R, 1, BOX_C]: rows res_row0 + cb, the round's residual per
+        channel block."""
         rows = gl.arange(0, TILE_P, layout=gl.SliceLayout(1, tile))                     # [TILE_P]
         cols = gl.arange(0, BOX_C, layout=gl.SliceLayout(0, tile))                      # [BOX_C]
         last_rows = n_px - (n_pt - 1) * TILE_P                 # valid rows of the last pixel tile
         n_i = gl.expand_dims(gl.where(rows < last_rows, n_pt, n_pt - 1).to(gl.float32), 1)   # values per position
         inv_px = 1.0 / n_px.to(gl.float32)
-        r = gl.zeros([BOX_C], gl.float32, gl.SliceLayout(0, tile))
+        r = gl.zeros([1, BOX_C], gl.float32, tile)
         for cb in range(n_cb):
             if HAS_RESIDUAL:
-                r = gl.load(p_r + (cb * BOX_C + cols) * stride_rc).to(gl.float32)
+                r = res.index(res_row0 + cb).load(tile).to(gl.float32)
             kk = k + cb * n_pt
             c = _stage_s(ring, ready, kk, r, HAS_RESIDUAL, SLOTS, tile)                 # the shifts: tile 0
             if HAS_PAD:
@@ -109,11 +133,11 @@ if gluon is not None:
         gl.store(p_part + og * 2 + 1, m2_g, mask=og < groups)
 
     @gluon.jit
-    def _meet(p_part_n, p_count_n, p_scr_g, n_chunks, chunk_px, hw, cpg, groups, eps,
+    def _meet(p_part_n, p_count_n, n_chunks, chunk_px, hw, cpg, groups, eps,
               G_PAD: gl.constexpr, K_BLOCK: gl.constexpr, WARPS: gl.constexpr):
         """Publishes this chunk (its stores, then a release increment of the sample's counter), waits until all
-        n_chunks are in, merges their (mean, M2) per group (chunk k: P_k cpg values) -> p_scr_g[g * 2 + {0, 1}] =
-        (mean, rstd); returns them [G_PAD]."""
+        n_chunks are in and merges their (mean, M2) per group (chunk k: P_k cpg values), K_BLOCK chunks per step
+        (Chan's pairwise formula between steps); returns (mean, rstd) [G_PAD]."""
         gl.thread_barrier()
         gl.atomic_add(p_count_n, 1, sem="release", scope="gpu")
         arrived = gl.atomic_add(p_count_n, 0, sem="acquire", scope="gpu")
@@ -123,29 +147,26 @@ if gluon is not None:
         kl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [WARPS, 1], [1, 0])
         og = gl.arange(0, G_PAD, layout=gl.SliceLayout(0, kl))                          # [G_PAD]
         m_g = og < groups
-        acc = gl.zeros([K_BLOCK, G_PAD], gl.float32, kl)
+        mean = gl.zeros([G_PAD], gl.float32, gl.SliceLayout(0, kl))
+        m2 = gl.zeros([G_PAD], gl.float32, gl.SliceLayout(0, kl))
+        n_seen = 0.0                                                     # pixels merged so far
         for k0 in range(0, n_chunks, K_BLOCK):
             ok = k0 + gl.arange(0, K_BLOCK, layout=gl.SliceLayout(1, kl))               # [K_BLOCK]
             m = gl.expand_dims(ok < n_chunks, 1) & gl.expand_dims(m_g, 0)
-            px = gl.minimum(gl.maximum(hw - ok * chunk_px, 0), chunk_px).to(gl.float32)
-            mk = gl.load(p_part_n + (gl.expand_dims(ok * groups, 1) + gl.expand_dims(og, 0)) * 2, mask=m, other=0.0,
-                         cache_modifier=".cg")
-            acc += gl.expand_dims(px, 1) * mk
-        mean = gl.sum(acc, axis=0) / (hw * 1.0)                                  # [G_PAD]
-        acc = gl.zeros([K_BLOCK, G_PAD], gl.float32, kl)
-        for k0 in range(0, n_chunks, K_BLOCK):
-            ok = k0 + gl.arange(0, K_BLOCK, layout=gl.SliceLayout(1, kl))
-            m = gl.expand_dims(ok < n_chunks, 1) & gl.expand_dims(m_g, 0)
-            px = gl.minimum(gl.maximum(hw - ok * chunk_px, 0), chunk_px).to(gl.float32)
+            px = gl.minimum(gl.maximum(hw - ok * chunk_px, 0), chunk_px).to(gl.float32)  # 0 past the last chunk
             p = p_part_n + (gl.expand_dims(ok * groups, 1) + gl.expand_dims(og, 0)) * 2
-            dev = gl.load(p, mask=m, other=0.0, cache_modifier=".cg") - gl.expand_dims(mean, 0)
+            mk = gl.load(p, mask=m, other=0.0, cache_modifier=".cg")
             m2k = gl.load(p + 1, mask=m, other=0.0, cache_modifier=".cg")
-            acc += gl.where(m, m2k + gl.expand_dims(px, 1) * (cpg * 1.0) * dev * dev, 0.0)
-        numel = (hw * 1.0) * cpg
-        rstd = gl.rsqrt(gl.maximum(gl.sum(acc, axis=0), 0.0) / numel + eps)
-        gl.store(p_scr_g + og * 2, mean, mask=m_g)
-        gl.store(p_scr_g + og * 2 + 1, rstd, mask=m_g)
-        gl.thread_barrier()
+            n_b = gl.sum(px, axis=0)
+            mean_b = gl.sum(gl.expand_dims(px, 1) * mk, axis=0) / n_b
+            dev = gl.where(m, mk - gl.expand_dims(mean_b, 0), 0.0)
+            m2_b = gl.sum(m2k + gl.expand_dims(px, 1) * (cpg * 1.0) * dev * dev, axis=0)
+            n_all = n_seen + n_b
+            delta = mean_b - mean
+            mean += delta * (n_b / n_all)
+            m2 += m2_b + delta * delta * (n_seen * n_b / n_all * cpg)
+            n_seen = n_all
+        rstd = gl.rsqrt(gl.maximum(m2, 0.0) / ((hw * 1.0) * cpg) + eps)
         return mean, rstd, og, m_g
 
     @gluon.jit
@@ -168,48 +189,50 @@ if gluon is not None:
                     k += 1
 
     @gluon.jit
-    def _compute(ring, ready, empty, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_scr, p_count, n_samples, hw, c,
-                 groups, cpg, n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps,
-                 HAS_RESIDUAL: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr,
-                 ACTIVATION: gl.constexpr, HAS_PAD: gl.constexpr, TILE_P: gl.constexpr, BOX_C: gl.constexpr,
-                 G_PAD: gl.constexpr, CPG_PAD: gl.constexpr, K_BLOCK: gl.constexpr, SLOTS: gl.constexpr,
-                 WARPS: gl.constexpr, PART: gl.constexpr, PARTS: gl.constexpr):
+    def _compute(ring, ready, empty, affine, res, p_res, p_y, p_mean, p_rstd, p_part, p_scr, p_count, n_samples, hw,
+                 c, groups, cpg, n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps,
+                 HAS_RESIDUAL: gl.constexpr, ACTIVATION: gl.constexpr, HAS_PAD: gl.constexpr, TILE_P: gl.constexpr,
+                 BOX_C: gl.constexpr, N_CB_PAD: gl.constexpr, G_PAD: gl.constexpr, CPG_PAD: gl.constexpr,
+                 K_BLOCK: gl.constexpr, SLOTS: gl.constexpr, WARPS: gl.constexpr, PART: gl.constexpr,
+                 PARTS: gl.constexpr):
         """Statistics, meeting and normalize pass of the rounds i = PART, PART + PARTS, ... of this program."""
         VEC: gl.constexpr = 128 // ring.dtype.primitive_bitwidth                        # 16 bytes per lane
         tile: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // BOX_C, BOX_C // VEC], [WARPS, 1], [1, 0])
+        col: gl.constexpr = gl.SliceLayout(0, tile)
         rows = gl.arange(0, TILE_P, layout=gl.SliceLayout(1, tile))                     # [TILE_P]
-        cols = gl.arange(0, BOX_C, layout=gl.SliceLayout(0, tile))                      # [BOX_C]
+        cols = gl.arange(0, BOX_C, layout=col)                                          # [BOX_C]
         pid = gl.program_id(0)
         first, j = pid // n_chunks, pid % n_chunks
         p0 = j * chunk_px
         n_px = gl.minimum(chunk_px, hw - p0)
         n_pt = gl.cdiv(n_px, TILE_P)
         n_cb = c // BOX_C
-        p_scr = p_scr + (pid * PARTS + PART) * (2 * c + 2 * G_PAD)                       # this partition's scratch
+        affine = _rows(affine)                                                          # [2 N_CB_PAD, 1, BOX_C]
+        res_rows = _rows(res)                                    # this partition's: rows [PART N_CB_PAD, + n_cb)
+        p_scr = p_scr + (pid * PARTS + PART) * 2 * c                                     # this partition's scratch
         for i in range(PART, gl.cdiv(n_samples - first, per_round), PARTS):
             n = first + i * per_round
             k = i * n_cb * n_pt
-            _chunk_stats(ring, ready, k, p_res + n * stride_rn, stride_rc, p_scr, p_part + (n * n_chunks + j) * groups * 2,
+            if HAS_RESIDUAL:      # the sample's residual row, one load for all channel blocks
+                gl.thread_barrier()
+                res.slice(PART * N_CB_PAD, N_CB_PAD).store(
+                    _channel_rows(p_res + n * stride_rn, stride_rc, c, 0.0, N_CB_PAD, BOX_C, WARPS).to(res.dtype))
+                gl.thread_barrier()
+            _chunk_stats(ring, ready, res_rows, PART * N_CB_PAD, k, p_scr, p_part + (n * n_chunks + j) * groups * 2,
                          n_pt, n_px, n_cb, cpg, groups, HAS_RESIDUAL, HAS_PAD, TILE_P, BOX_C, G_PAD, CPG_PAD, SLOTS,
                          WARPS, tile)
-            mean, rstd, og, m_g = _meet(p_part + n * n_chunks * groups * 2, p_count + n, p_scr + 2 * c, n_chunks,
-                                        chunk_px, hw, cpg, groups, eps, G_PAD, K_BLOCK, WARPS)
+            mean, rstd, og, m_g = _meet(p_part + n * n_chunks * groups * 2, p_count + n, n_chunks, chunk_px, hw, cpg,
+                                        groups, eps, G_PAD, K_BLOCK, WARPS)
             gl.store(p_mean + n * groups + og, mean, mask=m_g & (j == 0))
             gl.store(p_rstd + n * groups + og, rstd, mask=m_g & (j == 0))
             row_base = (n * hw + p0).to(gl.int64) * c
             for cb in range(n_cb):
                 ch = cb * BOX_C + cols                                                  # [BOX_C]
                 g = ch // cpg
-                a = gl.load(p_scr + 2 * c + g * 2 + 1)                                  # rstd_g
-                if HAS_WEIGHT:
-                    a = a * gl.load(p_w + ch).to(gl.float32)
-                b = -gl.load(p_scr + 2 * c + g * 2) * a                                 # -mean_g a
-                if HAS_BIAS:
-                    b += gl.load(p_b + ch).to(gl.float32)
-                a2 = gl.expand_dims(a, 0)
-                b2 = gl.expand_dims(b, 0)
-                ae = gl.expand_dims(a * _NEG_LOG2E, 0)
-                be = gl.expand_dims(b * _NEG_LOG2E, 0)
+                a2 = gl.expand_dims(gl.gather(rstd, g, 0), 0) * affine.index(cb).load(tile)   # w_c rstd_g
+                b2 = affine.index(N_CB_PAD + cb).load(tile) - gl.expand_dims(gl.gather(mean, g, 0), 0) * a2
+                ae = a2 * _NEG_LOG2E                                                    # [1, BOX_C]
+                be = b2 * _NEG_LOG2E
                 for t in range(n_pt):
                     slot = (k + cb * n_pt + t) % SLOTS
                     s = ring.index(slot).load(tile).to(gl.float32)
@@ -231,23 +254,38 @@ if gluon is not None:
             x_desc, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_scr, p_count, n_samples, hw, c, groups, cpg,
             n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps,
             HAS_RESIDUAL: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
-            HAS_PAD: gl.constexpr, TILE_P: gl.constexpr, BOX_C: gl.constexpr, G_PAD: gl.constexpr,
-            CPG_PAD: gl.constexpr, K_BLOCK: gl.constexpr, SLOTS: gl.constexpr, SMEM: gl.constexpr,
-            WARPS: gl.constexpr, PARTS: gl.constexpr, COMPUTE_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+            HAS_PAD: gl.constexpr, TILE_P: gl.constexpr, BOX_C: gl.constexpr, N_CB_PAD: gl.constexpr,
+            G_PAD: gl.constexpr, CPG_PAD: gl.constexpr, K_BLOCK: gl.constexpr, SLOTS: gl.constexpr,
+            SMEM: gl.constexpr, WARPS: gl.constexpr, PARTS: gl.constexpr, COMPUTE_REGS: gl.constexpr,
+            LOADER_REGS: gl.constexpr):
         ring = gl.allocate_shared_memory(x_desc.dtype, [SLOTS, TILE_P, BOX_C], SMEM)
         ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(SLOTS):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
+        # Tables of one [1, BOX_C] row per channel block: the affine terms (fp32; rows [0, N_CB_PAD) w,
+        # [N_CB_PAD, 2 N_CB_PAD) bias), filled here once, and each partition's residual rows of its round's sample
+        flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        affine = gl.allocate_shared_memory(gl.float32, [2 * N_CB_PAD, BOX_C], flat)
+        res = gl.allocate_shared_memory(x_desc.dtype, [PARTS * N_CB_PAD if HAS_RESIDUAL else 1, BOX_C], flat)
+        if HAS_WEIGHT:
+            affine.slice(0, N_CB_PAD).store(_channel_rows(p_w, 1, c, 1.0, N_CB_PAD, BOX_C, WARPS))
+        else:
+            affine.slice(0, N_CB_PAD).store(_channel_rows(p_w, 0, 0, 1.0, N_CB_PAD, BOX_C, WARPS))
+        if HAS_BIAS:
+            affine.slice(N_CB_PAD, N_CB_PAD).store(_channel_rows(p_b, 1, c, 0.0, N_CB_PAD, BOX_C, WARPS))
+        else:
+            affine.slice(N_CB_PAD, N_CB_PAD).store(_channel_rows(p_b, 0, 0, 0.0, N_CB_PAD, BOX_C, WARPS))
+        gl.thread_barrier()
         gl.warp_specialize([   # two compute partitions take the rounds in turn, one's meeting beside the other's work
-            (_compute, (ring, ready, empty, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_scr, p_count, n_samples,
-                        hw, c, groups, cpg, n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps, HAS_RESIDUAL,
-                        HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_PAD, TILE_P, BOX_C, G_PAD, CPG_PAD, K_BLOCK, SLOTS,
+            (_compute, (ring, ready, empty, affine, res, p_res, p_y, p_mean, p_rstd, p_part, p_scr, p_count,
+                        n_samples, hw, c, groups, cpg, n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps,
+                        HAS_RESIDUAL, ACTIVATION, HAS_PAD, TILE_P, BOX_C, N_CB_PAD, G_PAD, CPG_PAD, K_BLOCK, SLOTS,
                         WARPS, 0, 2)),
-            (_compute, (ring, ready, empty, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_scr, p_count, n_samples,
-                        hw, c, groups, cpg, n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps, HAS_RESIDUAL,
-                        HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_PAD, TILE_P, BOX_C, G_PAD, CPG_PAD, K_BLOCK, SLOTS,
+            (_compute, (ring, ready, empty, affine, res, p_res, p_y, p_mean, p_rstd, p_part, p_scr, p_count,
+                        n_samples, hw, c, groups, cpg, n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps,
+                        HAS_RESIDUAL, ACTIVATION, HAS_PAD, TILE_P, BOX_C, N_CB_PAD, G_PAD, CPG_PAD, K_BLOCK, SLOTS,
                         WARPS, 1, 2)),
             (_loader, (x_desc, ring, ready, empty, n_samples, hw, n_chunks, chunk_px, per_round, c, TILE_P, BOX_C,
                        SLOTS)),
@@ -260,35 +298,49 @@ _GL_BITS = {torch.float16: 16, torch.bfloat16: 16, torch.float32: 32}
 
 
 class Plan(NamedTuple):
-    chunk_px: int       # pixels per chunk (a multiple of TILE_P)
+    tile_p: int         # pixels per TMA box (its other side: BOX_C channels)
+    slots: int          # ring slots of one box
+    chunk_px: int       # pixels per chunk (a multiple of tile_p)
     n_chunks: int       # K programs per sample
     per_round: int      # samples per round: the grid is per_round * n_chunks <= SMs
 
 
+def _tables_bytes(c: int, element_size: int) -> int:
+    """Shared memory beside the ring: the fp32 affine table and both partitions' residual rows."""
+    box_c = BOX_BYTES // element_size
+    return next_power_of_2(c // box_c) * box_c * (2 * 4 + PARTS * element_size)
+
+
 def plan(n: int, c: int, hw: int, element_size: int, sms: int) -> Optional[Plan]:
-    """The chunking that minimises rounds x pixel tiles per chunk (the time of the busiest program), ties to fewer,
-    larger chunks; None when one pixel tile of all C channels overflows the ring or a sample needs more programs
-    than there are SMs."""
-    box_c, tile_p = BOX_BYTES // element_size, TILE_BYTES // BOX_BYTES
+    """The tile height and chunking that minimise rounds x chunk pixels (the busiest program's share), ties to fewer
+    rounds, then taller tiles; chunks of at most half the ring so both partitions' rounds are in flight. None when
+    C is not a multiple of a 128-byte channel block, one pixel row of tiles overflows half the ring, or a sample
+    needs more programs than there are SMs."""
+    box_c = BOX_BYTES // element_size
     if c % box_c:
         return None
-    n_cb, n_pt = c // box_c, cdiv(hw, tile_p)
+    n_cb = c // box_c
+    ring = SMEM_BYTES - SCRATCH_BYTES - _tables_bytes(c, element_size)
     best = None
-    for t in range(1, SLOTS // n_cb + 1):
-        k = cdiv(n_pt, t)
-        if k > sms:
-            continue
-        per_round = min(sms // k, n)
-        cost = (cdiv(n, per_round) * t, -t)
-        if best is None or cost < best[0]:
-            best = (cost, Plan(t * tile_p, k, per_round))
+    for tile_p in TILE_PIXELS:
+        slots = ring // (tile_p * BOX_BYTES + 16)          # + the slot's two mbarriers
+        n_pt = cdiv(hw, tile_p)
+        for t in range(1, slots // PARTS // n_cb + 1):
+            k = cdiv(n_pt, t)
+            if k > sms:
+                continue
+            per_round = min(sms // k, n)
+            rounds = cdiv(n, per_round)
+            cost = (rounds * t * tile_p, rounds, -tile_p)
+            if best is None or cost < best[0]:
+                best = (cost, Plan(tile_p, slots, t * tile_p, k, per_round))
     return None if best is None else best[1]
 
 
 def eligible(x: torch.Tensor, num_groups: int, activation: str, residual_strides, y: torch.Tensor) -> bool:
     """Whether this kernel runs the forward of x into y: 4-D channels_last x and y (dense), 16-byte aligned, fp16 /
-    bf16 / fp32, C a multiple of 128 bytes of channels, a pixel tile of all C channels within the ring, no residual
-    or one broadcast over the pixels, activation None / SiLU, on sm_90 with triton 3.6."""
+    bf16 / fp32, C a multiple of 128 bytes of channels, two chunks of a pixel tile of all C channels within the
+    ring, no residual or one broadcast over the pixels, activation None / SiLU, on sm_90 with triton 3.6."""
     if activation not in ACTIVATIONS or x.dtype not in _GL_BITS or x.dim() != 4 or not available(x.device):
         return False
     cl = torch.channels_last
@@ -308,26 +360,24 @@ def forward(x, num_groups, weight, bias, eps, activation, residual, residual_str
     n, c = x.shape[0], x.shape[1]
     hw = x.numel() // (n * c)
     cpg = c // num_groups
-    box_c, tile_p = BOX_BYTES // x.element_size(), TILE_BYTES // BOX_BYTES
+    box_c = BOX_BYTES // x.element_size()
     p = plan(n, c, hw, x.element_size(), sm_count(x.device))
     grid = p.per_round * p.n_chunks
-    g_pad = next_power_of_2(num_groups)
     bits = _GL_BITS[x.dtype]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
-    part = torch.empty(n * p.n_chunks * num_groups * 2 + grid * PARTS * (2 * c + 2 * g_pad), dtype=torch.float32,
-                       device=x.device)
+    part = torch.empty(n * p.n_chunks * num_groups * 2 + grid * PARTS * 2 * c, dtype=torch.float32, device=x.device)
     scratch = part[n * p.n_chunks * num_groups * 2:]
     count = torch.zeros(n, dtype=torch.int32, device=x.device)
     bind_cuda_context()
-    x_desc = host_descriptor(x, [n * hw, c], [c, 1], [tile_p, box_c], layout)
+    x_desc = host_descriptor(x, [n * hw, c], [c, 1], [p.tile_p, box_c], layout)
     dummy = mean
     _launch((grid, ), x_desc, dummy if residual is None else residual, dummy if weight is None else weight,
             dummy if bias is None else bias, y, mean, rstd, part, scratch, count, n, hw, c, num_groups, cpg,
             p.n_chunks, p.chunk_px, p.per_round, *(residual_strides[:2] if residual is not None else (0, 0)),
             float(eps),
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            ACTIVATION=ACTIVATIONS.index(activation), HAS_PAD=hw % tile_p != 0, TILE_P=tile_p, BOX_C=box_c,
-            G_PAD=g_pad, CPG_PAD=next_power_of_2(cpg), K_BLOCK=min(32, next_power_of_2(p.n_chunks)), SLOTS=SLOTS,
-            SMEM=layout, WARPS=COMPUTE_WARPS, PARTS=PARTS, COMPUTE_REGS=COMPUTE_REGS, LOADER_REGS=LOADER_REGS,
-            num_warps=COMPUTE_WARPS)
+            ACTIVATION=ACTIVATIONS.index(activation), HAS_PAD=hw % p.tile_p != 0, TILE_P=p.tile_p, BOX_C=box_c,
+            N_CB_PAD=next_power_of_2(c // box_c), G_PAD=next_power_of_2(num_groups), CPG_PAD=next_power_of_2(cpg),
+            K_BLOCK=min(K_BLOCK_MAX, next_power_of_2(p.n_chunks)), SLOTS=p.slots, SMEM=layout, WARPS=COMPUTE_WARPS,
+            PARTS=PARTS, COMPUTE_REGS=COMPUTE_REGS, LOADER_REGS=LOADER_REGS, num_warps=COMPUTE_WARPS)
     return y, mean, rstd
