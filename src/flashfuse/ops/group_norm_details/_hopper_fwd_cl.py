@@ -197,7 +197,11 @@ if gluon is not None:
                  PARTS: gl.constexpr):
         """Statistics, meeting and normalize pass of the rounds i = PART, PART + PARTS, ... of this program."""
         VEC: gl.constexpr = 128 // ring.dtype.primitive_bitwidth                        # 16 bytes per lane
+        # normalize: a warp on 4 pixel rows (coalesced stores); statistics: a warp on VEC channels of 32 pixel rows,
+        # so the sums over a tile's pixels stay within the warp (no barrier per channel block). Both read the
+        # 128-byte-swizzled slots without bank conflicts.
         tile: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // BOX_C, BOX_C // VEC], [WARPS, 1], [1, 0])
+        stat: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [1, WARPS], [1, 0])
         col: gl.constexpr = gl.SliceLayout(0, tile)
         rows = gl.arange(0, TILE_P, layout=gl.SliceLayout(1, tile))                     # [TILE_P]
         cols = gl.arange(0, BOX_C, layout=col)                                          # [BOX_C]
@@ -220,7 +224,7 @@ if gluon is not None:
                 gl.thread_barrier()
             _chunk_stats(ring, ready, res_rows, PART * N_CB_PAD, k, p_scr, p_part + (n * n_chunks + j) * groups * 2,
                          n_pt, n_px, n_cb, cpg, groups, HAS_RESIDUAL, HAS_PAD, TILE_P, BOX_C, G_PAD, CPG_PAD, SLOTS,
-                         WARPS, tile)
+                         WARPS, stat)
             mean, rstd, og, m_g = _meet(p_part + n * n_chunks * groups * 2, p_count + n, n_chunks, chunk_px, hw, cpg,
                                         groups, eps, G_PAD, K_BLOCK, WARPS)
             gl.store(p_mean + n * groups + og, mean, mask=m_g & (j == 0))
@@ -364,7 +368,7 @@ def forward(x, num_groups, weight, bias, eps, activation, residual, residual_str
     p = plan(n, c, hw, x.element_size(), sm_count(x.device))
     grid = p.per_round * p.n_chunks
     bits = _GL_BITS[x.dtype]
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=BOX_BYTES, element_bitwidth=bits, rank=2)
     part = torch.empty(n * p.n_chunks * num_groups * 2 + grid * PARTS * 2 * c, dtype=torch.float32, device=x.device)
     scratch = part[n * p.n_chunks * num_groups * 2:]
     count = torch.zeros(n, dtype=torch.int32, device=x.device)
