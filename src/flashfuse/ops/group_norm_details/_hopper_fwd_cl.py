@@ -61,6 +61,26 @@ if gluon is not None:
         return gl.load(ptr + ch * stride, mask=ch < c, other=other).to(gl.float32)
 
     @gluon.jit
+    def _affine_table(ab, p_w, p_b, p_grp, c, cpg, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr,
+                      N_CB_PAD: gl.constexpr, BOX_C: gl.constexpr, WARPS: gl.constexpr):
+        """ab [2 N_CB_PAD, BOX_C] fp32 (one row per channel block): rows [0, N_CB_PAD) a_c = w_c rstd_g, rows
+        [N_CB_PAD, 2 N_CB_PAD) b_c = bias_c - mean_g a_c; p_grp: (mean, rstd) per group, just stored by this
+        partition (read past L1)."""
+        two: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
+        ch = gl.expand_dims(gl.arange(0, N_CB_PAD, layout=gl.SliceLayout(1, two)), 1) * BOX_C + \
+            gl.expand_dims(gl.arange(0, BOX_C, layout=gl.SliceLayout(0, two)), 0)          # [N_CB_PAD, BOX_C]
+        m = ch < c
+        g = ch // cpg
+        a = gl.load(p_grp + g * 2 + 1, mask=m, other=0.0, cache_modifier=".cg")
+        if HAS_WEIGHT:
+            a = a * gl.load(p_w + ch, mask=m, other=0.0).to(gl.float32)
+        b = -gl.load(p_grp + g * 2, mask=m, other=0.0, cache_modifier=".cg") * a
+        if HAS_BIAS:
+            b += gl.load(p_b + ch, mask=m, other=0.0).to(gl.float32)
+        ab.slice(0, N_CB_PAD).store(a)
+        ab.slice(N_CB_PAD, N_CB_PAD).store(b)
+
+    @gluon.jit
     def _rows(table):
         """table [R, BOX_C] seen as [R, 1, BOX_C], so that table_rows.index(i) loads row i as [1, BOX_C] (a
         dynamic index; slices need constant starts)."""
@@ -189,19 +209,23 @@ if gluon is not None:
                     k += 1
 
     @gluon.jit
-    def _compute(ring, ready, empty, affine, res, p_res, p_y, p_mean, p_rstd, p_part, p_scr, p_count, n_samples, hw,
+    def _compute(ring, ready, empty, ab, res, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_scr, p_count, n_samples, hw,
                  c, groups, cpg, n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps,
-                 HAS_RESIDUAL: gl.constexpr, ACTIVATION: gl.constexpr, HAS_PAD: gl.constexpr, TILE_P: gl.constexpr,
+                 HAS_RESIDUAL: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr,
+                 ACTIVATION: gl.constexpr, HAS_PAD: gl.constexpr, TILE_P: gl.constexpr,
                  BOX_C: gl.constexpr, N_CB_PAD: gl.constexpr, G_PAD: gl.constexpr, CPG_PAD: gl.constexpr,
                  K_BLOCK: gl.constexpr, SLOTS: gl.constexpr, WARPS: gl.constexpr, PART: gl.constexpr,
                  PARTS: gl.constexpr):
         """Statistics, meeting and normalize pass of the rounds i = PART, PART + PARTS, ... of this program."""
         VEC: gl.constexpr = 128 // ring.dtype.primitive_bitwidth                        # 16 bytes per lane
-        # normalize: a warp on 4 pixel rows (coalesced stores); statistics: a warp on VEC channels of 32 pixel rows,
-        # so the sums over a tile's pixels stay within the warp (no barrier per channel block). Both read the
-        # 128-byte-swizzled slots without bank conflicts.
+        # normalize: a warp on 4 pixel rows (coalesced stores); statistics: a warp on 4 bytes x 4 lanes of channels
+        # and 8 pixel rows, so the sums over a tile's pixels are within the thread but for 3 shuffles (no barrier per
+        # channel block; session 20: 8 channels x 32 rows per warp spent ~0.5 us per block on 40 shuffles per
+        # sum). Both read the 128-byte-swizzled slots without bank conflicts.
         tile: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // BOX_C, BOX_C // VEC], [WARPS, 1], [1, 0])
-        stat: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [1, WARPS], [1, 0])
+        SV: gl.constexpr = 32 // ring.dtype.primitive_bitwidth                          # 4 bytes per lane
+        stat: gl.constexpr = gl.BlockedLayout([1, SV], [32 * SV * WARPS // BOX_C, BOX_C // (SV * WARPS)], [1, WARPS],
+                                              [1, 0])
         col: gl.constexpr = gl.SliceLayout(0, tile)
         rows = gl.arange(0, TILE_P, layout=gl.SliceLayout(1, tile))                     # [TILE_P]
         cols = gl.arange(0, BOX_C, layout=col)                                          # [BOX_C]
@@ -211,9 +235,10 @@ if gluon is not None:
         n_px = gl.minimum(chunk_px, hw - p0)
         n_pt = gl.cdiv(n_px, TILE_P)
         n_cb = c // BOX_C
-        affine = _rows(affine)                                                          # [2 N_CB_PAD, 1, BOX_C]
+        ab_rows = _rows(ab)                                      # this partition's: rows [2 PART N_CB_PAD, + 2 N_CB_PAD)
         res_rows = _rows(res)                                    # this partition's: rows [PART N_CB_PAD, + n_cb)
-        p_scr = p_scr + (pid * PARTS + PART) * 2 * c                                     # this partition's scratch
+        p_scr = p_scr + (pid * PARTS + PART) * (2 * c + 2 * G_PAD)                       # this partition's scratch
+        p_grp = p_scr + 2 * c
         for i in range(PART, gl.cdiv(n_samples - first, per_round), PARTS):
             n = first + i * per_round
             k = i * n_cb * n_pt
@@ -229,12 +254,18 @@ if gluon is not None:
                                         groups, eps, G_PAD, K_BLOCK, WARPS)
             gl.store(p_mean + n * groups + og, mean, mask=m_g & (j == 0))
             gl.store(p_rstd + n * groups + og, rstd, mask=m_g & (j == 0))
+            # a_c = w_c rstd_g, b_c = bias_c - mean_g a_c for all channels: one gather through global memory
+            gl.store(p_grp + og * 2, mean, mask=m_g)
+            gl.store(p_grp + og * 2 + 1, rstd, mask=m_g)
+            gl.thread_barrier()
+            _affine_table(ab.slice(2 * PART * N_CB_PAD, 2 * N_CB_PAD), p_w, p_b, p_grp, c, cpg, HAS_WEIGHT, HAS_BIAS,
+                          N_CB_PAD, BOX_C, WARPS)
+            gl.thread_barrier()
             row_base = (n * hw + p0).to(gl.int64) * c
             for cb in range(n_cb):
                 ch = cb * BOX_C + cols                                                  # [BOX_C]
-                g = ch // cpg
-                a2 = gl.expand_dims(gl.gather(rstd, g, 0), 0) * affine.index(cb).load(tile)   # w_c rstd_g
-                b2 = affine.index(N_CB_PAD + cb).load(tile) - gl.expand_dims(gl.gather(mean, g, 0), 0) * a2
+                a2 = ab_rows.index(2 * PART * N_CB_PAD + cb).load(tile)                 # [1, BOX_C]
+                b2 = ab_rows.index((2 * PART + 1) * N_CB_PAD + cb).load(tile)
                 ae = a2 * _NEG_LOG2E                                                    # [1, BOX_C]
                 be = b2 * _NEG_LOG2E
                 for t in range(n_pt):
@@ -268,28 +299,19 @@ if gluon is not None:
         for i in gl.static_range(SLOTS):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
-        # Tables of one [1, BOX_C] row per channel block: the affine terms (fp32; rows [0, N_CB_PAD) w,
-        # [N_CB_PAD, 2 N_CB_PAD) bias), filled here once, and each partition's residual rows of its round's sample
+        # Tables of one [1, BOX_C] row per channel block, per partition: a_c and b_c of the round's sample (fp32), the
+        # residual of the round's sample
         flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        affine = gl.allocate_shared_memory(gl.float32, [2 * N_CB_PAD, BOX_C], flat)
+        ab = gl.allocate_shared_memory(gl.float32, [PARTS * 2 * N_CB_PAD, BOX_C], flat)
         res = gl.allocate_shared_memory(x_desc.dtype, [PARTS * N_CB_PAD if HAS_RESIDUAL else 1, BOX_C], flat)
-        if HAS_WEIGHT:
-            affine.slice(0, N_CB_PAD).store(_channel_rows(p_w, 1, c, 1.0, N_CB_PAD, BOX_C, WARPS))
-        else:
-            affine.slice(0, N_CB_PAD).store(_channel_rows(p_w, 0, 0, 1.0, N_CB_PAD, BOX_C, WARPS))
-        if HAS_BIAS:
-            affine.slice(N_CB_PAD, N_CB_PAD).store(_channel_rows(p_b, 1, c, 0.0, N_CB_PAD, BOX_C, WARPS))
-        else:
-            affine.slice(N_CB_PAD, N_CB_PAD).store(_channel_rows(p_b, 0, 0, 0.0, N_CB_PAD, BOX_C, WARPS))
-        gl.thread_barrier()
         gl.warp_specialize([   # two compute partitions take the rounds in turn, one's meeting beside the other's work
-            (_compute, (ring, ready, empty, affine, res, p_res, p_y, p_mean, p_rstd, p_part, p_scr, p_count,
+            (_compute, (ring, ready, empty, ab, res, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_scr, p_count,
                         n_samples, hw, c, groups, cpg, n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps,
-                        HAS_RESIDUAL, ACTIVATION, HAS_PAD, TILE_P, BOX_C, N_CB_PAD, G_PAD, CPG_PAD, K_BLOCK, SLOTS,
+                        HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_PAD, TILE_P, BOX_C, N_CB_PAD, G_PAD, CPG_PAD, K_BLOCK, SLOTS,
                         WARPS, 0, 2)),
-            (_compute, (ring, ready, empty, affine, res, p_res, p_y, p_mean, p_rstd, p_part, p_scr, p_count,
+            (_compute, (ring, ready, empty, ab, res, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_scr, p_count,
                         n_samples, hw, c, groups, cpg, n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps,
-                        HAS_RESIDUAL, ACTIVATION, HAS_PAD, TILE_P, BOX_C, N_CB_PAD, G_PAD, CPG_PAD, K_BLOCK, SLOTS,
+                        HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_PAD, TILE_P, BOX_C, N_CB_PAD, G_PAD, CPG_PAD, K_BLOCK, SLOTS,
                         WARPS, 1, 2)),
             (_loader, (x_desc, ring, ready, empty, n_samples, hw, n_chunks, chunk_px, per_round, c, TILE_P, BOX_C,
                        SLOTS)),
@@ -310,9 +332,9 @@ class Plan(NamedTuple):
 
 
 def _tables_bytes(c: int, element_size: int) -> int:
-    """Shared memory beside the ring: the fp32 affine table and both partitions' residual rows."""
+    """Shared memory beside the ring: both partitions' a / b tables (fp32) and residual rows."""
     box_c = BOX_BYTES // element_size
-    return next_power_of_2(c // box_c) * box_c * (2 * 4 + PARTS * element_size)
+    return next_power_of_2(c // box_c) * box_c * PARTS * (2 * 4 + element_size)
 
 
 def plan(n: int, c: int, hw: int, element_size: int, sms: int) -> Optional[Plan]:
@@ -369,7 +391,9 @@ def forward(x, num_groups, weight, bias, eps, activation, residual, residual_str
     grid = p.per_round * p.n_chunks
     bits = _GL_BITS[x.dtype]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=BOX_BYTES, element_bitwidth=bits, rank=2)
-    part = torch.empty(n * p.n_chunks * num_groups * 2 + grid * PARTS * 2 * c, dtype=torch.float32, device=x.device)
+    g_pad = next_power_of_2(num_groups)
+    part = torch.empty(n * p.n_chunks * num_groups * 2 + grid * PARTS * (2 * c + 2 * g_pad), dtype=torch.float32,
+                       device=x.device)
     scratch = part[n * p.n_chunks * num_groups * 2:]
     count = torch.zeros(n, dtype=torch.int32, device=x.device)
     bind_cuda_context()
@@ -381,7 +405,7 @@ def forward(x, num_groups, weight, bias, eps, activation, residual, residual_str
             float(eps),
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
             ACTIVATION=ACTIVATIONS.index(activation), HAS_PAD=hw % p.tile_p != 0, TILE_P=p.tile_p, BOX_C=box_c,
-            N_CB_PAD=next_power_of_2(c // box_c), G_PAD=next_power_of_2(num_groups), CPG_PAD=next_power_of_2(cpg),
+            N_CB_PAD=next_power_of_2(c // box_c), G_PAD=g_pad, CPG_PAD=next_power_of_2(cpg),
             K_BLOCK=min(K_BLOCK_MAX, next_power_of_2(p.n_chunks)), SLOTS=p.slots, SMEM=layout, WARPS=COMPUTE_WARPS,
             PARTS=PARTS, COMPUTE_REGS=COMPUTE_REGS, LOADER_REGS=LOADER_REGS, num_warps=COMPUTE_WARPS)
     return y, mean, rstd
