@@ -40,7 +40,7 @@ from ._hopper_fwd import ACTIVATIONS, COMPUTE_REGS, COMPUTE_WARPS, LOADER_REGS, 
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
     from ._hopper_fwd import _NEG_LOG2E, _ex2, _rcp
 
@@ -271,6 +271,10 @@ if gluon is not None:
                 for t in range(n_pt):
                     slot = (k + cb * n_pt + t) % SLOTS
                     s = ring.index(slot).load(tile).to(gl.float32)
+                    if HAS_RESIDUAL:
+                        # the stats pass wrote x + r here (generic proxy): order it before the loader's next TMA write
+                        # to the slot (async proxy); session 21: without it, later rounds' outputs were wrong at times
+                        fence_async_shared()
                     gl.thread_barrier()
                     mbarrier.arrive(empty.index(slot), count=1)
                     z = s * a2 + b2
