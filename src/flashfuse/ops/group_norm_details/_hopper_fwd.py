@@ -34,7 +34,7 @@ from ..attention.flash_fwd_hopper import available, bind_cuda_context, gluon, ho
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 TILE_BYTES = 8192                 # one TMA box: TILE_ROWS = TILE_BYTES / ROW_BYTES rows of ROW_BYTES
 ROW_BYTES = 512                   # one warp's 16-byte vectors across 32 lanes: conflict-free shared loads
@@ -191,6 +191,7 @@ if gluon is not None:
             for t in range(n_tiles):
                 slot = (k + t) % SLOTS
                 s = ring.index(slot).load(tile).to(gl.float32)
+                fence_async_shared()      # these generic reads (and the write-back) before the next TMA write
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(slot), count=1)
                 row = t * TILE_ROWS + rows

@@ -45,7 +45,8 @@ if gluon is not None:
     from ._hopper_fwd import _NEG_LOG2E, _ex2, _rcp
 
 BOX_BYTES = 128                   # a tile row: BOX_C = 128 / element size channels of one pixel (8 lanes x 16 B)
-TILE_PIXELS = (64, 32)            # tile heights tried (32 = one row of 4 lanes x COMPUTE_WARPS warps)
+TILE_PIXELS = (64,)               # tile heights tried (32, taken where two 64-pixel chunks overflow the ring,
+                                  # C = 1280 in 16 bits, ran 35% slower than the Triton plans: session 21)
 SMEM_BYTES = 232448               # the sm_90 limit per block (227 KB)
 SCRATCH_BYTES = 8192              # beside the ring and the tables: barriers, the reductions' and gathers' scratch
 K_BLOCK_MAX = 64                  # chunks merged per step of the meeting
@@ -271,10 +272,10 @@ if gluon is not None:
                 for t in range(n_pt):
                     slot = (k + cb * n_pt + t) % SLOTS
                     s = ring.index(slot).load(tile).to(gl.float32)
-                    if HAS_RESIDUAL:
-                        # the stats pass wrote x + r here (generic proxy): order it before the loader's next TMA write
-                        # to the slot (async proxy); session 21: without it, later rounds' outputs were wrong at times
-                        fence_async_shared()
+                    # this thread's reads of the slot (and the stats pass's write-back of x + r) are generic-proxy
+                    # accesses; the loader's next TMA write to it is async-proxy: the fence orders them (session 21:
+                    # without it, a few outputs of later rounds were wrong now and then)
+                    fence_async_shared()
                     gl.thread_barrier()
                     mbarrier.arrive(empty.index(slot), count=1)
                     z = s * a2 + b2
