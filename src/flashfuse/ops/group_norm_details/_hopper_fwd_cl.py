@@ -13,14 +13,16 @@ pixels (all C channels), and the K programs holding one sample's chunks meet onc
                          mean_g = sum_c mean_c / cpg,   M2_g = sum_c M2_c + P sum_c (mean_c - mean_g)^2
         meet         (mean_g, M2_g) stored, one release atomic on the sample's counter, spin (acquire) until the
                      K chunks are in; merged exactly over the chunks, K_BLOCK at a time (counts P_k cpg, Chan)
-        normalize    y = act(s a_c + b_c), a_c = w_c rstd_g, b_c = bias_c - mean_g a_c per column (a channel):
-                     rstd_g, mean_g gathered from registers, w_c, bias_c from a shared-memory table filled once
-                     per program; slots released as read
+        normalize    y = act(s a_c + b_c) per column (a channel), a_c = w_c rstd_g, b_c = bias_c - mean_g a_c from
+                     the partition's table in shared memory, built once per round (one row per channel block);
+                     each slot released as read, after a proxy fence (the loader's next TMA write to it is an
+                     async-proxy access: without the fence, a few outputs of later rounds were wrong at times)
 
 No global load waits inside the per-channel-block loops (session 19's first version fetched the affine terms and the
 residual per channel block from global memory, ~20 dependent L2 round trips per round, and ran slower than the
 Triton plans): the (N, C, 1, 1) time embedding of the round's sample is fetched in one load into a shared-memory
-table, added per column (rounded to x's dtype like torch's add) and written back to the slot.
+table, added per column (rounded to x's dtype like torch's add) and written back to the slot. Statistics sum a
+tile's pixels within the thread but for 3 shuffles (no cross-warp reduction per channel block).
 
 Program pid holds chunk pid % K of the samples pid // K, pid // K + S, ... (S = SMs // K samples per round): all K
 programs of a sample are in the same round, and the grid (S K <= SMs, one program per SM by its shared memory) is
@@ -48,7 +50,7 @@ BOX_BYTES = 128                   # a tile row: BOX_C = 128 / element size chann
 TILE_PIXELS = (64,)               # tile heights tried (32, taken where two 64-pixel chunks overflow the ring,
                                   # C = 1280 in 16 bits, ran 35% slower than the Triton plans: session 21)
 SMEM_BYTES = 232448               # the sm_90 limit per block (227 KB)
-SCRATCH_BYTES = 8192              # beside the ring and the tables: barriers, the reductions' and gathers' scratch
+SCRATCH_BYTES = 8192              # beside the ring and the tables: barriers and the reductions' scratch
 K_BLOCK_MAX = 64                  # chunks merged per step of the meeting
 
 if gluon is not None:
