@@ -192,6 +192,26 @@ def test_channels_last_routing():
     assert gn_ops._use_chunked(32, 10, 16384, False, gn_ops.ONE_TILE_FWD, 8 * 320 * 16384 * 2)
 
 
+def test_hopper_channels_last_plan():
+    """The channels_last Gluon forward's plan on 132 SMs (pure Python, no GPU): chunks of whole pixel tiles that
+    cover HW, at most half the ring each, a sample's programs all in one round, and at least MIN_FILL of the SMs'
+    time on pixels; None where that fails (few programs, a partial last round) or C = 1280 in 16 bits."""
+    from flashfuse.ops.group_norm_details import _hopper_fwd_cl as cl
+    for (n, c, hw, size), planned in (((2, 320, 4096, 2), True), ((8, 320, 4096, 2), True), ((8, 320, 16384, 2), True),
+                                      ((16, 640, 4096, 2), True), ((8, 64, 2068, 4), True), ((2, 640, 1024, 2), False),
+                                      ((12, 640, 1600, 2), False), ((16, 1280, 1024, 2), False),
+                                      ((2, 330, 4096, 2), False)):
+        p = cl.plan(n, c, hw, size, 132)
+        assert (p is not None) == planned, (n, c, hw, p)
+        if p is not None:
+            n_cb = c * size // cl.BOX_BYTES
+            assert p.chunk_px % p.tile_p == 0 and p.chunk_px // p.tile_p * n_cb <= p.slots // cl.PARTS
+            assert (p.n_chunks - 1) * p.chunk_px < hw <= p.n_chunks * p.chunk_px
+            assert p.per_round * p.n_chunks <= 132
+            rounds = -(-n // p.per_round)
+            assert n * hw >= cl.MIN_FILL * rounds * p.chunk_px * 132
+
+
 def test_chunk_plan_at_real_sizes():
     """SD shapes on 132 SMs: >= 2 programs per SM in every wave, whole 128-byte channels_last rows, waves
     within WAVE_BYTES (or one sample; WAVE_BYTES = 0: one wave), chunks that cover HW exactly once, and with

@@ -196,19 +196,20 @@ def test_hopper_forward_stats_and_graph_gpu(monkeypatch):
 
 
 # The channels_last Gluon forward (group_norm_details/_hopper_fwd_cl.py): (shape, groups, dtype, weight, bias,
-# residual, activation). Chunks of 1-2 pixel tiles, 1-8 rounds (both compute partitions), a partial last chunk
-# ((7, 256, 40, 40): 25 pixel tiles in chunks of 2), pixel counts not a multiple of the tile (HAS_PAD), groups
-# across the 64-channel blocks (cpg 20, 40), 1 channel block, fp32 (32-channel blocks), a residual broadcast over
-# the samples, no affine. C = 1280 in 16 bits is not taken (two chunks of all channels overflow the ring).
+# residual, activation), each a plan that fills the SMs (MIN_FILL). Chunks of 1-2 pixel tiles, 1-8 rounds (both
+# compute partitions), a partial last chunk ((8, 320, 61, 64): 61 pixel tiles in chunks of 2), pixel counts not a
+# multiple of the tile (HAS_PAD), groups across the 64-channel blocks (cpg 20, 40), 1 channel block, fp32
+# (32-channel blocks), a residual broadcast over the samples, no affine, one-channel groups. C = 1280 in 16 bits is
+# not taken (two chunks of all channels overflow the ring), nor are shapes that leave SMs idle.
 HOPPER_CL_CASES = [
     pytest.param((2, 320, 64, 64), 32, BF16, True, True, (2, 320, 1, 1), "silu", id="sd-64"),
     pytest.param((16, 640, 64, 64), 32, BF16, True, True, (16, 640, 1, 1), "silu", id="sd-64-640-rounds"),
-    pytest.param((12, 640, 40, 40), 16, F16, True, True, None, "silu", id="cpg40"),
+    pytest.param((4, 640, 61, 64), 16, F16, True, True, None, "silu", id="cpg40"),
     pytest.param((8, 320, 128, 128), 32, BF16, True, True, (8, 320, 1, 1), "silu", id="sd-128"),
-    pytest.param((7, 256, 40, 40), 16, BF16, True, True, None, None, id="partial-last-chunk"),
-    pytest.param((3, 128, 9, 13), 8, BF16, False, False, None, "silu", id="pad-117-pixels"),
-    pytest.param((2, 64, 30, 30), 4, torch.float32, True, False, (64, 1, 1), "silu", id="fp32-pad"),
-    pytest.param((5, 64, 8, 8), 64, F16, True, True, None, None, id="one-channel-groups"),
+    pytest.param((8, 320, 61, 64), 16, BF16, True, True, None, None, id="partial-last-chunk"),
+    pytest.param((8, 128, 44, 47), 8, BF16, False, False, None, "silu", id="pad-2068-pixels"),
+    pytest.param((8, 64, 44, 47), 4, torch.float32, True, False, (64, 1, 1), "silu", id="fp32-pad"),
+    pytest.param((5, 64, 39, 39), 64, F16, True, True, None, None, id="one-channel-groups"),
 ]
 
 
@@ -254,7 +255,7 @@ def test_hopper_forward_channels_last_stats_and_graph_gpu(monkeypatch):
 REPEAT_CASES = [
     pytest.param((16, 640, 64, 64), 32, BF16, True, CL, _hopper_fwd_cl, id="cl-temb"),
     pytest.param((8, 320, 128, 128), 32, BF16, False, CL, _hopper_fwd_cl, id="cl-long-chunks"),
-    pytest.param((12, 640, 40, 40), 16, F16, False, CL, _hopper_fwd_cl, id="cl-cpg40"),
+    pytest.param((4, 640, 61, 64), 16, F16, False, CL, _hopper_fwd_cl, id="cl-cpg40"),
     pytest.param((16, 640, 64, 64), 32, BF16, True, torch.contiguous_format, _hopper_fwd, id="nchw-temb"),
     pytest.param((16, 1280, 32, 32), 32, F16, False, torch.contiguous_format, _hopper_fwd, id="nchw-cpg40"),
 ]

@@ -8,8 +8,8 @@ pixels (all C channels), and the K programs holding one sample's chunks meet onc
                            by channel block), as in _hopper_fwd.py
     compute (2 x WARPS)    per round (partitions take rounds in turn; a chunk fills at most half the ring, so the
                            loader streams one partition's next chunk while the other meets and normalizes):
-        statistics   per channel block, one-pass shifted sums per tile position over the chunk's pixel tiles
-                     (as _hopper_fwd._stats), reduced to (mean, M2) per channel, then per group of the chunk:
+        statistics   per channel block and pixel tile, the exact (mean, M2) per channel from the tile's registers
+                     (sum, then squared deviations), merged over the chunk's tiles (Chan), then per group:
                          mean_g = sum_c mean_c / cpg,   M2_g = sum_c M2_c + P sum_c (mean_c - mean_g)^2
         meet         (mean_g, M2_g) stored, one release atomic on the sample's counter, spin (acquire) until the
                      K chunks are in; merged exactly over the chunks, K_BLOCK at a time (counts P_k cpg, Chan)
@@ -52,6 +52,9 @@ TILE_PIXELS = (64,)               # tile heights tried (32, taken where two 64-p
 SMEM_BYTES = 232448               # the sm_90 limit per block (227 KB)
 SCRATCH_BYTES = 8192              # beside the ring and the tables: barriers and the reductions' scratch
 K_BLOCK_MAX = 64                  # chunks merged per step of the meeting
+MIN_FILL = 0.9                    # least share of the SMs' rounds x chunk pixels holding pixels (session 21: at
+                                  # (2, 640, 32, 32), 32 programs, 0.24, and (12, 640, 40, 40), a partial last
+                                  # round, 0.76, the Triton plans were 1.1-1.8x faster)
 
 if gluon is not None:
     @gluon.jit
@@ -111,34 +114,29 @@ if gluon is not None:
         channel block."""
         rows = gl.arange(0, TILE_P, layout=gl.SliceLayout(1, tile))                     # [TILE_P]
         cols = gl.arange(0, BOX_C, layout=gl.SliceLayout(0, tile))                      # [BOX_C]
-        last_rows = n_px - (n_pt - 1) * TILE_P                 # valid rows of the last pixel tile
-        n_i = gl.expand_dims(gl.where(rows < last_rows, n_pt, n_pt - 1).to(gl.float32), 1)   # values per position
-        inv_px = 1.0 / n_px.to(gl.float32)
         r = gl.zeros([1, BOX_C], gl.float32, tile)
         for cb in range(n_cb):
             if HAS_RESIDUAL:
                 r = res.index(res_row0 + cb).load(tile).to(gl.float32)
             kk = k + cb * n_pt
-            c = _stage_s(ring, ready, kk, r, HAS_RESIDUAL, SLOTS, tile)                 # the shifts: tile 0
-            if HAS_PAD:
-                c = gl.where(gl.expand_dims(rows < n_px, 1), c, 0.0)
-            a = gl.zeros([TILE_P, BOX_C], gl.float32, tile)
-            b = gl.zeros([TILE_P, BOX_C], gl.float32, tile)
-            for t in range(1, n_pt):
-                d = _stage_s(ring, ready, kk + t, r, HAS_RESIDUAL, SLOTS, tile) - c
+            mean_c = gl.zeros([BOX_C], gl.float32, gl.SliceLayout(0, tile))
+            m2_c = gl.zeros([BOX_C], gl.float32, gl.SliceLayout(0, tile))
+            for t in range(n_pt):
+                # the tile's exact (mean, M2) per channel from registers, then merged into the chunk's (Chan)
+                s = _stage_s(ring, ready, kk + t, r, HAS_RESIDUAL, SLOTS, tile)         # [TILE_P, BOX_C]
+                n_t = gl.minimum(n_px - t * TILE_P, TILE_P).to(gl.float32)
                 if HAS_PAD:
-                    d = gl.where(gl.expand_dims(t * TILE_P + rows < n_px, 1), d, 0.0)
-                a += d
-                b += d * d
-            if HAS_PAD:
-                mean_c = gl.sum(n_i * c + a, axis=0) * inv_px                            # [BOX_C]
-                e = c - gl.expand_dims(mean_c, 0)                  # (n_i = 0: c = a = b = 0, no contribution)
-                m2_c = gl.sum(b + e * (2.0 * a + n_i * e), axis=0)
-            else:
-                n_f = n_pt.to(gl.float32)
-                mean_c = gl.sum(n_f * c + a, axis=0) * inv_px
-                e = c - gl.expand_dims(mean_c, 0)
-                m2_c = gl.sum(b + e * (2.0 * a + n_f * e), axis=0)
+                    valid = gl.expand_dims(t * TILE_P + rows < n_px, 1)
+                    s = gl.where(valid, s, 0.0)
+                mean_t = gl.sum(s, axis=0) / n_t                                        # [BOX_C]
+                e = s - gl.expand_dims(mean_t, 0)
+                if HAS_PAD:
+                    e = gl.where(valid, e, 0.0)
+                m2_t = gl.sum(e * e, axis=0)
+                n_seen = (t * TILE_P).to(gl.float32)
+                delta = mean_t - mean_c
+                mean_c += delta * (n_t / (n_seen + n_t))
+                m2_c += m2_t + delta * delta * (n_seen * n_t / (n_seen + n_t))
             gl.store(p_scr + (cb * BOX_C + cols) * 2, mean_c)
             gl.store(p_scr + (cb * BOX_C + cols) * 2 + 1, m2_c)
         gl.thread_barrier()
@@ -269,8 +267,6 @@ if gluon is not None:
                 ch = cb * BOX_C + cols                                                  # [BOX_C]
                 a2 = ab_rows.index(2 * PART * N_CB_PAD + cb).load(tile)                 # [1, BOX_C]
                 b2 = ab_rows.index((2 * PART + 1) * N_CB_PAD + cb).load(tile)
-                ae = a2 * _NEG_LOG2E                                                    # [1, BOX_C]
-                be = b2 * _NEG_LOG2E
                 for t in range(n_pt):
                     slot = (k + cb * n_pt + t) % SLOTS
                     s = ring.index(slot).load(tile).to(gl.float32)
@@ -282,7 +278,7 @@ if gluon is not None:
                     mbarrier.arrive(empty.index(slot), count=1)
                     z = s * a2 + b2
                     if ACTIVATION == 1:   # z sigmoid(z) = z / (1 + 2^(-z log2 e))
-                        z = z * _rcp(1.0 + _ex2(s * ae + be))
+                        z = z * _rcp(1.0 + _ex2(z * _NEG_LOG2E))
                     row = t * TILE_P + rows
                     offs = row_base + gl.expand_dims(row.to(gl.int64) * c, 1) + gl.expand_dims(ch, 0)
                     if HAS_PAD:
@@ -347,8 +343,8 @@ def _tables_bytes(c: int, element_size: int) -> int:
 def plan(n: int, c: int, hw: int, element_size: int, sms: int) -> Optional[Plan]:
     """The tile height and chunking that minimise rounds x chunk pixels (the busiest program's share), ties to fewer
     rounds, then taller tiles; chunks of at most half the ring so both partitions' rounds are in flight. None when
-    C is not a multiple of a 128-byte channel block, one pixel row of tiles overflows half the ring, or a sample
-    needs more programs than there are SMs."""
+    C is not a multiple of a 128-byte channel block, one pixel row of tiles overflows half the ring, a sample
+    needs more programs than there are SMs, or the plan would leave more than 1 - MIN_FILL of the SMs' time idle."""
     box_c = BOX_BYTES // element_size
     if c % box_c:
         return None
@@ -367,7 +363,9 @@ def plan(n: int, c: int, hw: int, element_size: int, sms: int) -> Optional[Plan]
             cost = (rounds * t * tile_p, rounds, -tile_p)
             if best is None or cost < best[0]:
                 best = (cost, Plan(tile_p, slots, t * tile_p, k, per_round))
-    return None if best is None else best[1]
+    if best is None or n * hw < MIN_FILL * best[0][0] * sms:
+        return None
+    return best[1]
 
 
 def eligible(x: torch.Tensor, num_groups: int, activation: str, residual_strides, y: torch.Tensor) -> bool:
