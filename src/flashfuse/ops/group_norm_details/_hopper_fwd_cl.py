@@ -26,7 +26,7 @@ tile's pixels within the thread but for 3 shuffles (no cross-warp reduction per 
 
 Program pid holds chunk pid % K of the samples pid // K, pid // K + S, ... (S = SMs // K samples per round): all K
 programs of a sample are in the same round, and the grid (S K <= SMs, one program per SM by its shared memory) is
-resident at once, so the spin cannot wait on a program that is not running. Tile height and chunk size: plan().
+resident at once, so the spin cannot wait on a program that is not running. Chunk size: plan().
 Statistics in fp32; SiLU as _hopper_fwd (MUFU ex2, rcp).
 """
 
@@ -47,8 +47,8 @@ if gluon is not None:
     from ._hopper_fwd import _NEG_LOG2E, _ex2, _rcp
 
 BOX_BYTES = 128                   # a tile row: BOX_C = 128 / element size channels of one pixel (8 lanes x 16 B)
-TILE_PIXELS = (64,)               # tile heights tried (32, taken where two 64-pixel chunks overflow the ring,
-                                  # C = 1280 in 16 bits, ran 35% slower than the Triton plans: session 21)
+TILE_P = 64                       # pixels per tile (32-pixel tiles, for C = 1280 in 16 bits where two 64-pixel
+                                  # chunks overflow the ring, ran 35% slower than the Triton plans: session 21)
 SMEM_BYTES = 232448               # the sm_90 limit per block (227 KB)
 SCRATCH_BYTES = 8192              # beside the ring and the tables: barriers and the reductions' scratch
 K_BLOCK_MAX = 64                  # chunks merged per step of the meeting
@@ -58,12 +58,17 @@ MIN_FILL = 0.9                    # least share of the SMs' rounds x chunk pixel
 
 if gluon is not None:
     @gluon.jit
+    def _channel_index(N_CB_PAD: gl.constexpr, BOX_C: gl.constexpr, WARPS: gl.constexpr):
+        """The channel of each entry of a [N_CB_PAD, BOX_C] table (one row per channel block)."""
+        two: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
+        return gl.expand_dims(gl.arange(0, N_CB_PAD, layout=gl.SliceLayout(1, two)), 1) * BOX_C + \
+            gl.expand_dims(gl.arange(0, BOX_C, layout=gl.SliceLayout(0, two)), 0)
+
+    @gluon.jit
     def _channel_rows(ptr, stride, c, other, N_CB_PAD: gl.constexpr, BOX_C: gl.constexpr, WARPS: gl.constexpr):
         """ptr[ch * stride] for the channels ch < c (other past c) as [N_CB_PAD, BOX_C] fp32, one row per channel
         block: one load for all channel blocks."""
-        two: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
-        ch = gl.expand_dims(gl.arange(0, N_CB_PAD, layout=gl.SliceLayout(1, two)), 1) * BOX_C + \
-            gl.expand_dims(gl.arange(0, BOX_C, layout=gl.SliceLayout(0, two)), 0)          # [N_CB_PAD, BOX_C]
+        ch = _channel_index(N_CB_PAD, BOX_C, WARPS)
         return gl.load(ptr + ch * stride, mask=ch < c, other=other).to(gl.float32)
 
     @gluon.jit
@@ -72,17 +77,15 @@ if gluon is not None:
         """ab [2 N_CB_PAD, BOX_C] fp32 (one row per channel block): rows [0, N_CB_PAD) a_c = w_c rstd_g, rows
         [N_CB_PAD, 2 N_CB_PAD) b_c = bias_c - mean_g a_c; p_grp: (mean, rstd) per group, just stored by this
         partition (read past L1)."""
-        two: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
-        ch = gl.expand_dims(gl.arange(0, N_CB_PAD, layout=gl.SliceLayout(1, two)), 1) * BOX_C + \
-            gl.expand_dims(gl.arange(0, BOX_C, layout=gl.SliceLayout(0, two)), 0)          # [N_CB_PAD, BOX_C]
+        ch = _channel_index(N_CB_PAD, BOX_C, WARPS)                                     # [N_CB_PAD, BOX_C]
         m = ch < c
         g = ch // cpg
         a = gl.load(p_grp + g * 2 + 1, mask=m, other=0.0, cache_modifier=".cg")
         if HAS_WEIGHT:
-            a = a * gl.load(p_w + ch, mask=m, other=0.0).to(gl.float32)
+            a = a * _channel_rows(p_w, 1, c, 0.0, N_CB_PAD, BOX_C, WARPS)
         b = -gl.load(p_grp + g * 2, mask=m, other=0.0, cache_modifier=".cg") * a
         if HAS_BIAS:
-            b += gl.load(p_b + ch, mask=m, other=0.0).to(gl.float32)
+            b += _channel_rows(p_b, 1, c, 0.0, N_CB_PAD, BOX_C, WARPS)
         ab.slice(0, N_CB_PAD).store(a)
         ab.slice(N_CB_PAD, N_CB_PAD).store(b)
 
@@ -227,9 +230,8 @@ if gluon is not None:
         SV: gl.constexpr = 32 // ring.dtype.primitive_bitwidth                          # 4 bytes per lane
         stat: gl.constexpr = gl.BlockedLayout([1, SV], [32 * SV * WARPS // BOX_C, BOX_C // (SV * WARPS)], [1, WARPS],
                                               [1, 0])
-        col: gl.constexpr = gl.SliceLayout(0, tile)
         rows = gl.arange(0, TILE_P, layout=gl.SliceLayout(1, tile))                     # [TILE_P]
-        cols = gl.arange(0, BOX_C, layout=col)                                          # [BOX_C]
+        cols = gl.arange(0, BOX_C, layout=gl.SliceLayout(0, tile))                      # [BOX_C]
         pid = gl.program_id(0)
         first, j = pid // n_chunks, pid % n_chunks
         p0 = j * chunk_px
@@ -341,8 +343,8 @@ def _tables_bytes(c: int, element_size: int) -> int:
 
 
 def plan(n: int, c: int, hw: int, element_size: int, sms: int) -> Optional[Plan]:
-    """The tile height and chunking that minimise rounds x chunk pixels (the busiest program's share), ties to fewer
-    rounds, then taller tiles; chunks of at most half the ring so both partitions' rounds are in flight. None when
+    """The chunking that minimises rounds x chunk pixels (the busiest program's share), ties to fewer rounds;
+    chunks of at most half the ring so both partitions' rounds are in flight. None when
     C is not a multiple of a 128-byte channel block, one pixel row of tiles overflows half the ring, a sample
     needs more programs than there are SMs, or the plan would leave more than 1 - MIN_FILL of the SMs' time idle."""
     box_c = BOX_BYTES // element_size
@@ -350,19 +352,18 @@ def plan(n: int, c: int, hw: int, element_size: int, sms: int) -> Optional[Plan]
         return None
     n_cb = c // box_c
     ring = SMEM_BYTES - SCRATCH_BYTES - _tables_bytes(c, element_size)
+    slots = ring // (TILE_P * BOX_BYTES + 16)              # + the slot's two mbarriers
+    n_pt = cdiv(hw, TILE_P)
     best = None
-    for tile_p in TILE_PIXELS:
-        slots = ring // (tile_p * BOX_BYTES + 16)          # + the slot's two mbarriers
-        n_pt = cdiv(hw, tile_p)
-        for t in range(1, slots // PARTS // n_cb + 1):
-            k = cdiv(n_pt, t)
-            if k > sms:
-                continue
-            per_round = min(sms // k, n)
-            rounds = cdiv(n, per_round)
-            cost = (rounds * t * tile_p, rounds, -tile_p)
-            if best is None or cost < best[0]:
-                best = (cost, Plan(tile_p, slots, t * tile_p, k, per_round))
+    for t in range(1, slots // PARTS // n_cb + 1):
+        k = cdiv(n_pt, t)
+        if k > sms:
+            continue
+        per_round = min(sms // k, n)
+        rounds = cdiv(n, per_round)
+        cost = (rounds * t * TILE_P, rounds)
+        if best is None or cost < best[0]:
+            best = (cost, Plan(TILE_P, slots, t * TILE_P, k, per_round))
     if best is None or n * hw < MIN_FILL * best[0][0] * sms:
         return None
     return best[1]
