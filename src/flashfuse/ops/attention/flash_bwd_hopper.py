@@ -129,7 +129,6 @@ if gluon is not None:
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
         kv_ready, q_ready, do_ready, empty = bars
         nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
-        p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h = fp32_out
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                            instr_shape=[16, BLOCK_M, 16])
@@ -192,17 +191,109 @@ if gluon is not None:
             # dQ_i -> dq_smem[i % 2], whose last reader (the reduce-add of dQ_{i-2}) the wait below at the end of
             # step i - 1 saw done. (Storing dQ_{i-1} while S^T_i and dP^T_i run instead spills at hd128 and measured
             # slower at hd64: session 16.)
-            dq_smem.index(i % 2).store(dq)
+            _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, i_b, m0, i_h)
+        _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, i_b, i_hk, n0, seqlen_k, kv_layout, FP32_GRADS,
+                    BLOCK_N, HEAD_DIM)
+
+    @gluon.jit
+    def _bwd_consumer_rows(descs, smem, p_smem, bars, shape, fp32_out, window_right, qk_scale, sm_scale,
+                           HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr,
+                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                           NUM_STAGES: gl.constexpr):
+        """Eight warps, scores in the row layout (FlashAttention-3's head-dim-64 scheme): with 128-row query steps
+        the transposed layout's per-query lse2 / delta columns take 64 registers and spill, rows take 8.
+
+            S  = Q K^T, dP = dO V^T     [BLOCK_M, BLOCK_N]   the two warpgroups take BLOCK_N / 2 keys each
+            P -> p_smem, dS -> ds_smem                       (bf16) the A operands of dV and dK, read transposed
+            dV += P^T dO, dK += dS^T Q  [BLOCK_N, D]         each warpgroup its own BLOCK_N / 2 keys
+            dQ_j = dS K                 [BLOCK_M, D]         each warpgroup BLOCK_M / 2 query rows
+
+        Three CTA barriers per step: P stored, dS stored, the step's end (as _bwd_consumer's)."""
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs
+        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
+        kv_ready, q_ready, do_ready, empty = bars
+        nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
+        dtype: gl.constexpr = q_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, BLOCK_N // 2, 16])
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                            instr_shape=[16, HEAD_DIM, 16])
+        rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
+        i_n, i_b, i_hk = _program(seqlen_k, nheads_k, BLOCK_N)
+        n0 = i_n * BLOCK_N
+        off = 0
+        if BOTTOM_RIGHT:
+            off = seqlen_k - seqlen_q
+        m_first, n_steps = _query_range(i_n, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
+                                        BLOCK_N)
+        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=kv_layout)
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        mbarrier.wait(kv_ready, 0)
+        for i in range(group * n_steps):
+            i_h, m0 = _step(i, i_hk, group, m_first, n_steps, BLOCK_M)
+            slot = i % NUM_STAGES
+            phase = (i // NUM_STAGES) & 1
+            q = q_smem.index(slot)
+            do = do_smem.index(slot)
+            mbarrier.wait(q_ready.index(slot), phase)
+            s_tok = warpgroup_mma(q, k_smem.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            mbarrier.wait(do_ready.index(slot), phase)
+            dp_tok = warpgroup_mma(do, v_smem.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
+            lse2 = lse_smem.index(slot).load(rows_layout)
+            p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+            # the masks of _bwd_consumer, transposed
+            need_mask = n0 + BLOCK_N > seqlen_k
+            if HAS_RIGHT:
+                need_mask = need_mask | (m0 + off + window_right < n0 + BLOCK_N - 1)
+            if need_mask:
+                queries = m0 + gl.arange(0, BLOCK_M, layout=rows_layout)
+                keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                visible = gl.expand_dims(keys < seqlen_k, 0)
+                if HAS_RIGHT:
+                    visible = visible & (gl.expand_dims(keys, 0) <= gl.expand_dims(queries + off + window_right, 1))
+                p = gl.where(visible, p, 0.0)
+            p_smem.store(p.to(dtype))
             fence_async_shared()
-            # TMA bulk groups belong to the thread that issued them: it waits here for the reduce-add issued a
-            # step's products ago. The barrier then tells the other threads, orders every warp's dQ_i stores before
-            # the reduce-add below, and holds the slot release (one thread's arrive) and the next step's writes to
-            # ds_smem (and, after the loop, to K / V's tiles) until both warpgroups' products are done.
-            tma.store_wait(pendings=0)
-            gl.thread_barrier()
-            mbarrier.arrive(empty.index(slot), count=1)
-            # rows past seqlen_q are dropped
-            _tma_reduce_add(dq_desc, [i_b, m0, i_h, 0], _tma_box(dq_smem.index(i % 2), dq_desc))
+            gl.thread_barrier()             # P's rows from both warpgroups are in p_smem
+            dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do, dv, is_async=True)
+            dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp_tok, ))         # dV still running
+            delta = delta_smem.index(slot).load(rows_layout)
+            ds = (p * (dp * sm_scale - gl.expand_dims(delta * sm_scale, 1))).to(dtype)
+            ds_smem.store(ds)
+            fence_async_shared()
+            gl.thread_barrier()             # dS from both warpgroups is in ds_smem
+            dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q, dk, is_async=True)
+            dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
+            dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dq_tok))
+            _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, i_b, m0, i_h)
+        _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, i_b, i_hk, n0, seqlen_k, kv_layout, FP32_GRADS,
+                    BLOCK_N, HEAD_DIM)
+
+    @gluon.jit
+    def _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, i_b, m0, i_h):
+        """End of step i: dQ_i -> dq_smem[i % 2] (whose last reader, the reduce-add of dQ_{i-2}, the wait at the end
+        of step i - 1 saw done), the slot released, dQ_i reduce-added into the buffer. (Storing dQ_{i-1} while the
+        next step's first products run instead spills at hd128 and measured slower at hd64: session 16.)"""
+        dq_smem.index(i % 2).store(dq)
+        fence_async_shared()
+        # TMA bulk groups belong to the thread that issued them: it waits here for the reduce-add issued a step's
+        # products ago. The barrier then tells the other threads, orders every warp's dQ_i stores before the
+        # reduce-add below, and holds the slot release (one thread's arrive) and the next step's writes to the
+        # score tiles in shared memory (and, after the loop, to K / V's tiles) until every product is done.
+        tma.store_wait(pendings=0)
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(slot), count=1)
+        # rows past seqlen_q are dropped
+        _tma_reduce_add(dq_desc, [i_b, m0, i_h, 0], _tma_box(dq_smem.index(i % 2), dq_desc))
+
+    @gluon.jit
+    def _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, i_b, i_hk, n0, seqlen_k,
+                    kv_layout: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """The program's dK, dV [BLOCK_N, HEAD_DIM] (kv_layout) to global memory."""
+        p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h = fp32_out
         if FP32_GRADS:
             # fp32 dK, dV (partial gradients that a caller sums, as ring attention does): stored from registers.
             cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -214,8 +305,8 @@ if gluon is not None:
             gl.store(p_dv + offs, dv, mask=in_bounds)
         else:
             # dK, dV leave through K / V's tiles (free now).
-            k_smem.store(dk.to(dtype))
-            v_smem.store(dv.to(dtype))
+            k_smem.store(dk.to(k_smem.dtype))
+            v_smem.store(dv.to(v_smem.dtype))
             fence_async_shared()
             gl.thread_barrier()
             tma.async_copy_shared_to_global(dk_desc, [i_b, n0, i_hk, 0], _tma_box(k_smem, dk_desc))
@@ -229,14 +320,15 @@ if gluon is not None:
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_right,
         HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr,
-        HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr,
-        DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr, num_warps: gl.constexpr,
+        HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_T: gl.constexpr, Q_SMEM: gl.constexpr,
+        KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr, num_warps: gl.constexpr,
     ):
         # Host-side TMA descriptors: q, do [batch, seqlen_q, nheads_q, HEAD_DIM] (boxes [1, BLOCK_M, 1, HEAD_DIM]),
         # k, v, dk, dv [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]), dq: the fp32
         # buffer shaped like q; lse2, delta [batch * nheads_q, seqlen_q rounded up to BLOCK_M] fp32 (boxes
         # [1, BLOCK_M]). FP32_GRADS: dk, dv are fp32 (p_dk, p_dv with their strides; the dk / dv descriptors
-        # unused). Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the default
+        # unused). SCORES_T: _bwd_consumer (scores transposed; DS_SMEM for [BLOCK_N, BLOCK_M]), else
+        # _bwd_consumer_rows (DS_SMEM for [BLOCK_M, BLOCK_N], also P's layout). Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the default
         # partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
         gl.static_assert(BLOCK_N == 128)
@@ -249,7 +341,6 @@ if gluon is not None:
         vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], vec_smem)
         delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], vec_smem)
-        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], DS_SMEM)
         dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], DQ_SMEM)
         kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -262,16 +353,28 @@ if gluon is not None:
             mbarrier.init(empty.index(i), count=1)
 
         descs = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc)
-        smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
         bars = (kv_ready, q_ready, do_ready, empty)
         shape = (nheads_q, nheads_k, nheads_q // nheads_k, seqlen_q, seqlen_k)
-        gl.warp_specialize([
-            (_bwd_consumer, (descs, smem, bars, shape, (p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h),
-                             window_right, qk_scale, sm_scale, HAS_RIGHT, BOTTOM_RIGHT, FP32_GRADS, BLOCK_M, BLOCK_N,
-                             HEAD_DIM, NUM_STAGES)),
-            (_bwd_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
-                             BLOCK_N, HEAD_DIM, NUM_STAGES)),
-        ], [1], [24])
+        fp32_out = (p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h)
+        if SCORES_T:
+            ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], DS_SMEM)
+            smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
+            gl.warp_specialize([
+                (_bwd_consumer, (descs, smem, bars, shape, fp32_out, window_right, qk_scale, sm_scale, HAS_RIGHT,
+                                 BOTTOM_RIGHT, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                (_bwd_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
+                                 BLOCK_N, HEAD_DIM, NUM_STAGES)),
+            ], [1], [24])
+        else:
+            ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
+            p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
+            smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
+            gl.warp_specialize([
+                (_bwd_consumer_rows, (descs, smem, p_smem, bars, shape, fp32_out, window_right, qk_scale, sm_scale,
+                                      HAS_RIGHT, BOTTOM_RIGHT, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                (_bwd_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
+                                 BLOCK_N, HEAD_DIM, NUM_STAGES)),
+            ], [1], [24])
 
     _launch_backward = LaunchCache(_flash_bwd_hopper_kernel)
 
@@ -279,14 +382,15 @@ if gluon is not None:
 # lse2 / delta rows: TMA boxes [1, BLOCK_M] fp32, unswizzled.
 _VEC_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2) if gluon is not None else None
 
-_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, num_warps=8)
+_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, SCORES_T=True, num_warps=8)
+_CONFIG_ROWS = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, SCORES_T=False, num_warps=8)
 
 # head dim -> config; other head dims stay on flash_bwd's grid. H200, bf16, 16384 tokens, model dim 2048 (session 16,
 # do_bench on the launchers), TFLOP/s at S = 1K / 2K / 8K: hd128 429 / 479 / 527 (causal 319 / 402 / 503) vs the
 # Triton grid's 346 / 382 / 421 (253 / 319 / 389) and cuDNN's 421 / 474 / 525 (313 / 389 / 492); hd64 336 / 378 / 417
 # (causal 253 / 321 / 402) vs 305 / 335 / 359 (240 / 291 / 346), cuDNN 360 / 405 / 443 (248 / 322 / 403). Slower:
 # 3 stages at hd64 (+-1%), 128-row query steps at hd64 (188 bytes of spill), a rotated query walk, a deferred dQ store.
-HOPPER_BWD_CONFIGS = {64: _CONFIG, 128: _CONFIG}
+HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 128: _CONFIG}
 
 
 def hopper_backward_config(head_dim: int):
@@ -320,5 +424,5 @@ def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_
         HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, FP32_GRADS=dk.dtype == torch.float32, BLOCK_M=block_m,
         BLOCK_N=block_n, HEAD_DIM=head_dim,
         Q_SMEM=_smem_layout([block_m, head_dim], q.dtype), KV_SMEM=_smem_layout([block_n, head_dim], q.dtype),
-        DS_SMEM=_smem_layout([block_n, block_m], q.dtype), DQ_SMEM=_smem_layout([block_m, head_dim], torch.float32),
+        DS_SMEM=_smem_layout([block_n, block_m] if cfg["SCORES_T"] else [block_m, block_n], q.dtype), DQ_SMEM=_smem_layout([block_m, head_dim], torch.float32),
         **cfg)
