@@ -19,10 +19,16 @@ with the softmax scale folded into dS (so dK and dQ need no final scaling); at t
 K / V's shared memory by TMA, and dQ is the buffer cast to dQ's dtype. A producer warp streams Q, dO and their
 lse2 / delta rows by TMA into NUM_STAGES slots (one mbarrier pair per slot); the consumer is one 8-warp partition
 (two warpgroups, 64 keys each, the dQ product split by head-dim halves), with 240 registers per thread (dK and dV
-alone take 128) and two CTA barriers per query block.
+alone take 128) and two CTA barriers per query block. That is _bwd_consumer, used at head dim 128 (64-row query
+blocks).
 
-Measured on an H200 (benchmarks/NOTES.md, session 16): 0.93-1.03x cuDNN from 1024 keys at head dims 64 and 128,
-1.05-1.29x flash_bwd's grid.
+At head dim 64 a 64-row query block carries half the matrix work of head dim 128 for the same softmax, waits and
+barriers; FlashAttention-3 takes 128-row blocks there. In the transposed layout those spill (each thread holds 32
+queries' lse2 and delta), so _bwd_consumer_rows keeps scores in the row layout (S = Q K^T, each thread 4 rows) and
+passes P and dS to the dV and dK products through shared memory, read transposed (three CTA barriers per block).
+
+Measured (benchmarks/NOTES.md, sessions 16 and 22): hd128 0.93-1.03x cuDNN from 1024 keys (H200); hd64 with
+128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x).
 
 dQ's summation order over key blocks varies run to run (atomics), so deterministic=True keeps flash_bwd's
 grid. Scope as flash_fwd_hopper: 16-bit inputs, head dim 64 or 128, no dropout / ALiBi / softcap / bias / left
@@ -385,11 +391,14 @@ _VEC_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, ra
 _CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, SCORES_T=True, num_warps=8)
 _CONFIG_ROWS = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, SCORES_T=False, num_warps=8)
 
-# head dim -> config; other head dims stay on flash_bwd's grid. H200, bf16, 16384 tokens, model dim 2048 (session 16,
-# do_bench on the launchers), TFLOP/s at S = 1K / 2K / 8K: hd128 429 / 479 / 527 (causal 319 / 402 / 503) vs the
-# Triton grid's 346 / 382 / 421 (253 / 319 / 389) and cuDNN's 421 / 474 / 525 (313 / 389 / 492); hd64 336 / 378 / 417
-# (causal 253 / 321 / 402) vs 305 / 335 / 359 (240 / 291 / 346), cuDNN 360 / 405 / 443 (248 / 322 / 403). Slower:
-# 3 stages at hd64 (+-1%), 128-row query steps at hd64 (188 bytes of spill), a rotated query walk, a deferred dQ store.
+# head dim -> config; other head dims stay on flash_bwd's grid. bf16, 16384 tokens, model dim 2048, do_bench on the
+# launchers, TFLOP/s at S = 1K / 2K / 8K. hd128 (H200, session 16): 429 / 479 / 527 (causal 319 / 402 / 503) vs the
+# Triton grid's 346 / 382 / 421 (253 / 319 / 389) and cuDNN's 421 / 474 / 525 (313 / 389 / 492). hd64 (H100, session
+# 22, `results/h100-2026-11-23-s22/c1`): row layout, 128-row blocks 337 / 388 / 444 (causal 239 / 313 / 418) vs the
+# transposed 64-row blocks' 325 / 356 / 425 (235 / 305 / 364) and cuDNN's 345 / 397 / 450 (230 / 312 / 403).
+# Slower: at hd64 3 stages (+-1%), 128-row blocks in the transposed layout (spills), a rotated query walk, P and dS
+# behind one barrier (call 2); a deferred dQ store (session 16). dQ issued before dK with its store beside dK's
+# product crashes ptxas (SIGSEGV) under some integer specializations (call 2).
 HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 128: _CONFIG}
 
 
