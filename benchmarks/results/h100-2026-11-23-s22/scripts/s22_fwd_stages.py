@@ -1,0 +1,43 @@
+"""Session 22: the hd64 Gluon forward with 3 or 4 K / V stages (shared memory has room at hd64: 115 KB with 2) vs 2,
+at S = 512..4096, CUDA-graph timed beside cuDNN; error vs fp32 math (first two batches)."""
+import os, json, torch
+import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel, SDPBackend
+from triton.testing import do_bench_cudagraph
+from flashfuse.ops.attention import flash_fwd, flash_fwd_hopper as H
+
+W, T3 = H._WARP_SPECIALIZED, H._THREE_CONSUMERS
+orig = H.hopper_forward_config
+VARIANTS = {
+    (64, True): {"st2": dict(W, PERSISTENT=True), "st3": dict(W, PERSISTENT=True, NUM_STAGES=3),
+                 "st4": dict(W, PERSISTENT=True, NUM_STAGES=4), "st4-q1": dict(W, PERSISTENT=True, NUM_STAGES=4, Q_STAGES=1)},
+    (64, False): {"st2": dict(W, PERSISTENT=True), "st3": dict(W, PERSISTENT=True, NUM_STAGES=3),
+                  "st4": dict(W, PERSISTENT=True, NUM_STAGES=4)},
+}
+def bench(fn):
+    fn(); torch.cuda.synchronize()
+    return do_bench_cudagraph(fn, rep=150, return_mode="median")
+rows = []
+for (hd, causal), variants in VARIANTS.items():
+    for S in (512, 1024, 2048, 4096):
+        Hh, B = 2048 // hd, 16384 // S
+        q, k, v = (torch.randn(B, S, Hh, hd, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        flops = 4 * B * Hh * S * S * hd * (0.5 if causal else 1)
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            t_c = bench(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal))
+        ref = None
+        if S <= 2048:
+            ref = F.scaled_dot_product_attention(qt[:2].float(), kt[:2].float(), vt[:2].float(), is_causal=causal).transpose(1, 2)
+        line = f"hd{hd} {'causal' if causal else 'full  '} S={S:5d} cudnn {flops / t_c / 1e9:6.1f}"
+        for name, cfg in variants.items():
+            H.hopper_forward_config = lambda *a, cfg=cfg: dict(cfg)
+            run = lambda: flash_fwd.flash_attn_forward(q, k, v, softmax_scale=hd ** -0.5, window_right=0 if causal else -1)
+            out, _ = run()
+            err = ((out[:2].float() - ref).norm() / ref.norm()).item() if ref is not None else float("nan")
+            t = bench(run)
+            rows.append(dict(hd=hd, causal=causal, S=S, variant=name, tflops=flops / t / 1e9, cudnn=flops / t_c / 1e9, err=err))
+            line += f" | {name} {flops / t / 1e9:6.1f}" + (f" ERR {err:.1e}" if err > 1e-2 else "")
+        H.hopper_forward_config = orig
+        print(line, flush=True)
+json.dump(rows, open(os.path.join(os.environ.get("OUT", "/tmp"), "s22_fwd_stages.json"), "w"), indent=1)
