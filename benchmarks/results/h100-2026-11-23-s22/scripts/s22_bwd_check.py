@@ -29,7 +29,11 @@ def compile_bwd(head_dim, causal, bm, bn, scores_t, fp32=False, stages=2, dtype=
         elif n in ("p_dk", "p_dv"): sig[n] = "*fp32"
         else: sig[n] = "i32"
     t = time.time()
-    k = triton.compile(GluonASTSource(fn, sig, const, {}), target=G.TARGET, options=dict(num_warps=8))
+    # triton's specialization of the integer arguments on the GPU (divisible by 16 at the benchmark shapes): the
+    # ptxas crash of session 22's variant b showed only with these
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if p.name in
+             ("stride_dkv_b", "stride_dkv_s", "stride_dkv_h", "nheads_q", "nheads_k", "seqlen_q", "seqlen_k", "p_dk", "p_dv")}
+    k = triton.compile(GluonASTSource(fn, sig, const, attrs if DIVISIBLE else {}), target=G.TARGET, options=dict(num_warps=8))
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(k.asm["ptx"])
@@ -45,6 +49,7 @@ def compile_bwd(head_dim, causal, bm, bn, scores_t, fp32=False, stages=2, dtype=
                               capture_output=True, text=True).stdout
         open(base + ".sass", "w").write(sass)
 
+DIVISIBLE = True
 for causal in (False, True):
     compile_bwd(64, causal, 128, 128, False)
 compile_bwd(64, False, 128, 128, False, fp32=True)
