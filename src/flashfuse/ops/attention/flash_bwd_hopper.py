@@ -334,7 +334,8 @@ if gluon is not None:
         # buffer shaped like q; lse2, delta [batch * nheads_q, seqlen_q rounded up to BLOCK_M] fp32 (boxes
         # [1, BLOCK_M]). FP32_GRADS: dk, dv are fp32 (p_dk, p_dv with their strides; the dk / dv descriptors
         # unused). SCORES_T: _bwd_consumer (scores transposed; DS_SMEM for [BLOCK_N, BLOCK_M]), else
-        # _bwd_consumer_rows (DS_SMEM for [BLOCK_M, BLOCK_N], also P's layout). Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the default
+        # _bwd_consumer_rows (DS_SMEM for [BLOCK_M, BLOCK_N], also P's layout).
+        # Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the default
         # partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
         gl.static_assert(BLOCK_N == 128)
@@ -397,8 +398,8 @@ _CONFIG_ROWS = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, SCORES_T=False, num_
 # 22, `results/h100-2026-11-23-s22/c1`): row layout, 128-row blocks 337 / 388 / 444 (causal 239 / 313 / 418) vs the
 # transposed 64-row blocks' 325 / 356 / 425 (235 / 305 / 364) and cuDNN's 345 / 397 / 450 (230 / 312 / 403).
 # Slower: at hd64 3 stages (+-1%), 128-row blocks in the transposed layout (spills), a rotated query walk, P and dS
-# behind one barrier (call 2); a deferred dQ store (session 16). dQ issued before dK with its store beside dK's
-# product crashes ptxas (SIGSEGV) under some integer specializations (call 2).
+# behind one barrier (`c3`); a deferred dQ store (session 16). dQ issued before dK with its store beside dK's
+# product crashes ptxas 3.6 (SIGSEGV) under some integer specializations (session 22, call 2).
 HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 128: _CONFIG}
 
 
@@ -433,5 +434,6 @@ def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_
         HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, FP32_GRADS=dk.dtype == torch.float32, BLOCK_M=block_m,
         BLOCK_N=block_n, HEAD_DIM=head_dim,
         Q_SMEM=_smem_layout([block_m, head_dim], q.dtype), KV_SMEM=_smem_layout([block_n, head_dim], q.dtype),
-        DS_SMEM=_smem_layout([block_n, block_m] if cfg["SCORES_T"] else [block_m, block_n], q.dtype), DQ_SMEM=_smem_layout([block_m, head_dim], torch.float32),
+        DS_SMEM=_smem_layout([block_n, block_m] if cfg["SCORES_T"] else [block_m, block_n], q.dtype),
+        DQ_SMEM=_smem_layout([block_m, head_dim], torch.float32),
         **cfg)
