@@ -88,6 +88,19 @@ if gluon is not None:
         return pid % n_blocks, i_bhk // nheads_k, i_bhk % nheads_k
 
     @gluon.jit
+    def _key_block(seqlen_q, seqlen_k, nheads_k, window_right, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """This program's (batch, kv head, first key n0, the causal offset off, first query block, number of
+        query blocks). Query q sees key k iff k <= q + off + window_right."""
+        i_n, i_b, i_hk = _program(seqlen_k, nheads_k, BLOCK_N)
+        off = 0
+        if BOTTOM_RIGHT:
+            off = seqlen_k - seqlen_q
+        m_first, n_steps = _query_range(i_n, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
+                                        BLOCK_N)
+        return i_b, i_hk, i_n * BLOCK_N, off, m_first, n_steps
+
+    @gluon.jit
     def _step(i, i_hk, group, m_first, n_steps, BLOCK_M: gl.constexpr):
         """Step i of a key block's walk -> (query head, first query row): the group's heads one after the other,
         each over query blocks [m_first, m_first + n_steps). (Starting each key block's walk at its own diagonal,
@@ -103,12 +116,11 @@ if gluon is not None:
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
         kv_ready, q_ready, do_ready, empty = bars
         nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
-        i_n, i_b, i_hk = _program(seqlen_k, nheads_k, BLOCK_N)
+        i_b, i_hk, n0, _, m_first, n_steps = _key_block(seqlen_q, seqlen_k, nheads_k, window_right, HAS_RIGHT,
+                                                        BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
         mbarrier.expect(kv_ready, 2 * BLOCK_N * HEAD_DIM * 2)
-        tma.async_copy_global_to_shared(k_desc, [i_b, i_n * BLOCK_N, i_hk, 0], kv_ready, _tma_box(k_smem, k_desc))
-        tma.async_copy_global_to_shared(v_desc, [i_b, i_n * BLOCK_N, i_hk, 0], kv_ready, _tma_box(v_smem, v_desc))
-        m_first, n_steps = _query_range(i_n, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
-                                        BLOCK_N)
+        tma.async_copy_global_to_shared(k_desc, [i_b, n0, i_hk, 0], kv_ready, _tma_box(k_smem, k_desc))
+        tma.async_copy_global_to_shared(v_desc, [i_b, n0, i_hk, 0], kv_ready, _tma_box(v_smem, v_desc))
         for i in range(group * n_steps):
             i_h, m0 = _step(i, i_hk, group, m_first, n_steps, BLOCK_M)
             slot = i % NUM_STAGES
@@ -144,13 +156,8 @@ if gluon is not None:
                                                             instr_shape=[16, HEAD_DIM // 2, 16])
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
         cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)      # one value per query (column)
-        i_n, i_b, i_hk = _program(seqlen_k, nheads_k, BLOCK_N)
-        n0 = i_n * BLOCK_N
-        off = 0
-        if BOTTOM_RIGHT:
-            off = seqlen_k - seqlen_q
-        m_first, n_steps = _query_range(i_n, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
-                                        BLOCK_N)
+        i_b, i_hk, n0, off, m_first, n_steps = _key_block(seqlen_q, seqlen_k, nheads_k, window_right, HAS_RIGHT,
+                                                          BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
         keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
         zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
         zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
@@ -225,13 +232,8 @@ if gluon is not None:
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
-        i_n, i_b, i_hk = _program(seqlen_k, nheads_k, BLOCK_N)
-        n0 = i_n * BLOCK_N
-        off = 0
-        if BOTTOM_RIGHT:
-            off = seqlen_k - seqlen_q
-        m_first, n_steps = _query_range(i_n, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
-                                        BLOCK_N)
+        i_b, i_hk, n0, off, m_first, n_steps = _key_block(seqlen_q, seqlen_k, nheads_k, window_right, HAS_RIGHT,
+                                                          BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=kv_layout)
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
