@@ -514,13 +514,16 @@ def _hopper_id(headdim, config):
 
 # (head dim, config): HOPPER_CONFIGS's kinds (persistent or one tile per program) at both head dims, three consumer
 # warpgroups at hd64 (session 16), then alternatives measured in session 15 (128 x 64 key tiles with 4 stages, 3
-# stages at hd64), 16 (three consumers with 64-key tiles) and 17 (one Q slot per consumer).
+# stages at hd64), 16 (three consumers with 64-key tiles), 17 (one Q slot per consumer) and 23 (64-key tiles, where
+# causal tiles end in a block the lower warpgroup releases unread).
 HOPPER_GPU_CONFIGS = [(64, _hopper(True)), (64, _hopper(False)), (128, _hopper(True)), (128, _hopper(False)),
                       (64, _hopper(True, consumers=3)), (64, _hopper(False, bn=64, consumers=3)),
                       (128, _hopper(True, bn=64, stages=4)), (64, _hopper(False, stages=3)),
-                      (128, _hopper(True, q_stages=1))]
+                      (128, _hopper(True, q_stages=1)), (64, _hopper(True, bn=64)),
+                      (64, _hopper(False, bn=64, stages=3, q_stages=1))]
 HOPPER_GPU_SHAPES = FAST_GPU_SHAPES + [(BF16, (1, 77), MHA, {}), (F16, (300, 100), GQA, {"causal": True}),
-                                      (BF16, (1500, 777), GQA, {"window_size": (-1, 32)})]  # paired, rows with no key
+                                      (BF16, (1500, 777), GQA, {"window_size": (-1, 32)}),  # paired, rows with no key
+                                      (BF16, (1024, 1024), MHA, {"causal": True})]          # aligned diagonal
 HOPPER_GPU_CASES = [(d, cfg, *shape) for d, cfg in HOPPER_GPU_CONFIGS for shape in HOPPER_GPU_SHAPES]
 
 
@@ -544,6 +547,38 @@ def test_hopper_forward_gpu(monkeypatch, headdim, config, dtype, seqlens, heads,
     empty = no_key_rows_flash(ref_lse)
     assert_zero_rows("out", out.detach(), empty)
     assert_zero_rows("dq", grads["q"], empty)
+
+
+def test_hopper_plans_gpu(monkeypatch):
+    """Launch plans (ops/_triton.PlanCache), forward and backward: a repeated call signature reuses its plan (new data,
+    same shapes and strides), other strides or another config make a new one, and every result, gradients included,
+    matches the fp32 reference."""
+    _require_gluon()
+    from flashfuse.ops.attention import flash_bwd as bwd
+
+    config = {"value": _hopper(True)}
+    monkeypatch.setattr(flash_fwd_hopper, "hopper_forward_config", lambda *a: dict(config["value"]))
+    monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
+    monkeypatch.setattr(flash_bwd, "_flash_bwd_kernel", None)
+    from flashfuse.ops._triton import PlanCache
+
+    plans = []
+    for module, name in ((flash_fwd_hopper, "_PLANS"), (flash_bwd_hopper, "_PLANS"), (bwd, "_PREPROCESS_PLANS")):
+        monkeypatch.setattr(module, name, PlanCache())                   # empty, and never cleared by other tests
+        plans.append(getattr(module, name).plans)
+
+    def check(q, k, v):
+        out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        check_attention(partial(flash_ref, causal=True), {"q": q, "k": k, "v": v}, out, lse=lse, ref_dtype=REF)
+        return [len(p) for p in plans]
+
+    first = check(*rand_qkv(2, 384, 384, *GQA, 64, dtype=BF16, device="cuda"))
+    assert check(*rand_qkv(2, 384, 384, *GQA, 64, dtype=BF16, device="cuda")) == first          # reused
+    qkv = torch.randn(2, 384, 3, GQA[0], 64, device="cuda", dtype=BF16)                           # other strides
+    sliced = [t.detach().requires_grad_() for t in (qkv[:, :, 0], qkv[:, :, 1, :GQA[1]], qkv[:, :, 2, :GQA[1]])]
+    assert first == [1, 1, 1] and check(*sliced) == [2, 2, 1]        # (the preprocess reads out and dout only)
+    config["value"] = _hopper(False, bn=64, q_stages=1)                                        # another config
+    assert check(*rand_qkv(2, 384, 384, *GQA, 64, dtype=BF16, device="cuda")) == [3, 2, 1]
 
 
 HOPPER_TABLE_CASES = [(d, causal, min_seqlen_k, dtype) for (d, causal), entries in flash_fwd_hopper.HOPPER_CONFIGS.items()

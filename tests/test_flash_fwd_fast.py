@@ -122,8 +122,10 @@ def test_tma_allocator_set_once():
 def test_hopper_forward_plan():
     """flash_fwd_hopper's Gluon kernel: never in the interpreter (Gluon has none), and on the GPU only where
     its table says it measured faster: head dims 64 and 128 from 512 keys, persistent (hd64 with three consumer
-    warpgroups from 8192 keys without a mask; hd128 causal with one Q slot per consumer; causal with an odd number
-    of row blocks one tile per program, hd64 only from 4096 keys), grids of two waves or more. The kernel runs in the GPU tier (test_flash_attn_gpu.py)."""
+    warpgroups from 8192 keys without a mask; hd64 causal with 64-key tiles below 2048 keys; hd128 causal with one Q slot per consumer; causal with an odd number
+    of row blocks one tile per program, hd64 only from 4096 keys), grids of MIN_WAVE (0.9) waves of tiles or more,
+    persistent where its units fill MIN_WAVE waves, else one tile per program. The kernel runs in the GPU tier
+    (test_flash_attn_gpu.py)."""
     from flashfuse.ops.attention import flash_fwd_hopper as hopper
 
     assert not hopper.available(torch.device("cpu"))
@@ -136,7 +138,10 @@ def test_hopper_forward_plan():
     config = hopper.hopper_forward_config(128, True, 512, 512, 32 * 16, 132)
     assert config["PERSISTENT"] and config["Q_STAGES"] == 1
     config = hopper.hopper_forward_config(64, True, 16384, 16384, 1 * 32, 132)
-    assert config["PERSISTENT"] and config["Q_STAGES"] == 2 and config["CONSUMERS"] == 2
+    assert config["PERSISTENT"] and config["Q_STAGES"] == 2 and config["CONSUMERS"] == 2 and config["BLOCK_N"] == 128
+    config = hopper.hopper_forward_config(64, True, 1024, 1024, 16 * 32, 132)         # short causal: 64-key tiles
+    assert config["PERSISTENT"] and config["BLOCK_N"] == 64 and config["NUM_STAGES"] == 3
+    assert hopper.hopper_forward_config(64, True, 2048, 2048, 8 * 32, 132)["BLOCK_N"] == 128
     assert hopper.hopper_forward_config(64, True, 256, 256, 64 * 32, 132) is None         # short causal loop
     # causal with an odd number of row blocks (no pairs): one tile per program where that measured faster than Triton
     config = hopper.hopper_forward_config(128, True, 640, 640, 16 * 16, 132)
@@ -146,7 +151,16 @@ def test_hopper_forward_plan():
     assert hopper.hopper_forward_config(96, False, 4096, 4096, 16 * 16, 132) is None      # no entry
     assert hopper.hopper_forward_config(64, False, 1024, 256, 16 * 32, 132) is None       # short key loop
     assert hopper.hopper_forward_config(128, True, 256, 256, 64 * 16, 132) is None        # short key loop
-    assert hopper.hopper_forward_config(64, False, 2048, 2048, 4, 132) is None            # under two waves
+    assert hopper.hopper_forward_config(64, False, 2048, 2048, 4, 132) is None            # 64 tiles: under a wave
+    assert hopper.hopper_forward_config(64, False, 512, 512, 16, 132) is None
+    # batch 1: 128 or 256 tiles of 128 rows; causal units (pairs of tiles) under a wave run one tile per program
+    assert hopper.hopper_forward_config(64, False, 1024, 1024, 16, 132)["PERSISTENT"]
+    config = hopper.hopper_forward_config(128, True, 1024, 1024, 32, 132)
+    assert config["PERSISTENT"] and config["Q_STAGES"] == 1
+    config = hopper.hopper_forward_config(128, True, 512, 512, 32, 132)
+    assert not config["PERSISTENT"] and config["Q_STAGES"] == 1
+    config = hopper.hopper_forward_config(64, True, 512, 512, 2 * 16, 132)
+    assert not config["PERSISTENT"] and config["Q_STAGES"] == 1 and config["BLOCK_N"] == 64
     q = torch.empty(2, 8, 4, 64)
     assert hopper.descriptor_compatible(q, q[:, :, :2])
     assert not hopper.descriptor_compatible(q, q[:, :, :1].expand(2, 8, 4, 64))      # K / V broadcast over heads

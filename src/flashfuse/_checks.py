@@ -23,7 +23,7 @@ def check_tensor(name: str, t, *, ndims: tuple[int, ...] | None = None, dtypes=F
     if dtypes is not None and t.dtype not in dtypes:
         names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise TypeError(f"{name} has dtype {t.dtype}; supported: {names}")
-    if t.device.type != "cuda" and not (INTERPRET and t.device.type == "cpu"):
+    if not t.is_cuda and not (INTERPRET and t.device.type == "cpu"):
         hint = "" if INTERPRET else " (CPU tensors run only in Triton's interpreter: set TRITON_INTERPRET=1)"
         raise ValueError(f"{name} is on {t.device}; flashfuse kernels need a CUDA tensor{hint}")
 
@@ -31,8 +31,9 @@ def check_tensor(name: str, t, *, ndims: tuple[int, ...] | None = None, dtypes=F
 def check_same(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], *, dtype=True, device=True) -> None:
     """All tensors share dtype and/or device."""
     first_name, first = names[0], tensors[0]
+    first_index = first.get_device()    # a CUDA device's index (cheaper than .device), -1 elsewhere
     for name, t in zip(names[1:], tensors[1:]):
-        if device and t.device != first.device:
+        if device and (t.get_device() != first_index or (first_index < 0 and t.device != first.device)):
             raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}; "
                              "all inputs must be on one device")
         if dtype and t.dtype != first.dtype:

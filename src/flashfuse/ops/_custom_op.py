@@ -34,7 +34,17 @@ def _tracing(args) -> bool:
     an active Python dispatch mode (FlopCounterMode, selective-checkpoint policies see the op by name)."""
     if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
         return True
-    return any(isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or _functorch_wrapped(a)) for a in args)
+    for a in args:
+        if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or _functorch_wrapped(a)):
+            return True
+    return False
+
+
+def _requires_grad(args) -> bool:
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            return True
+    return False
 
 
 class FlashfuseOp:
@@ -61,7 +71,7 @@ class FlashfuseOp:
     def __call__(self, *args):
         if _tracing(args):
             return self.custom_op(*args)
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        if torch.is_grad_enabled() and _requires_grad(args):
             if self.function is None:
                 # An op without a backward, inside a backward run with create_graph=True: the custom op
                 # attaches a node that raises if anything differentiates through its outputs; impl alone

@@ -111,9 +111,11 @@ class LaunchCache:
         self.fast = not INTERPRET and triton.__version__.startswith(FAST_LAUNCH_TRITON)
 
     def __call__(self, grid, *args, **constexprs):
+        """kernel[grid](*args, **constexprs). Returns the cache entry it launched (for `run`), or None where triton's
+        own path ran."""
         if not self.fast or _plain_launch_needed(self.kernel):
             self.kernel[grid](*args, **constexprs)
-            return
+            return None
         device = torch.cuda.current_device()
         key = (device, tuple((name, type(value), value) for name, value in constexprs.items()),
                tuple(map(_arg_specialization, args)))
@@ -121,9 +123,24 @@ class LaunchCache:
         if entry is None:
             compiled = self.kernel[grid](*args, **constexprs)
             if compiled is not None:               # (None: a compile hook took over; nothing to keep)
-                self.compiled[key] = (compiled, self._constexpr_tail(len(args), constexprs))
-            return
-        compiled, tail = entry
+                self.compiled[key] = (compiled, self._constexpr_tail(len(args), constexprs), device)
+            return None
+        self._launch(entry, grid, args)
+        return entry
+
+    def run(self, entry, grid, args: tuple, constexprs: dict):
+        """Launch again from an entry that __call__ returned, skipping its key: for callers that keep the entry per
+        call signature (a launch plan) and vouch that ``args`` specialize as those it was made for did (the same
+        ints, tensor dtypes and alignments, descriptor blocks and layouts). Falls back to __call__ when there is no
+        entry yet or triton's own path is needed. Returns the entry to pass next time."""
+        if entry is None or _plain_launch_needed(self.kernel):
+            return self(grid, *args, **constexprs)
+        self._launch(entry, grid, args)
+        return entry
+
+    @staticmethod
+    def _launch(entry, grid, args):
+        compiled, tail, device = entry
         stream = torch._C._cuda_getCurrentRawStream(device)
         compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
                      compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
@@ -141,6 +158,43 @@ class LaunchCache:
                 raise TypeError(f"LaunchCache({self.kernel.__name__}): parameter {param.name!r} was not passed; "
                                 "runtime arguments go positionally, constexprs by name")
         return tuple(tail)
+
+
+class Launch:
+    """One kernel launch with its grid and constexprs fixed, its LaunchCache entry kept: ``launch(*args)``. Part of a
+    launch plan (PlanCache), which vouches that every call passes arguments that specialize alike (LaunchCache.run)."""
+
+    __slots__ = ("cache", "grid", "constexprs", "entry")
+
+    def __init__(self, cache: LaunchCache, grid: tuple, **constexprs):
+        self.cache, self.grid, self.constexprs, self.entry = cache, grid, constexprs, None
+
+    def __call__(self, *args):
+        self.entry = self.cache.run(self.entry, self.grid, args, self.constexprs)
+
+
+def launch_device() -> int:
+    """The device a launch goes to, which launch plans key on: the current CUDA device (-1 in the interpreter)."""
+    return -1 if INTERPRET else torch.cuda.current_device()
+
+
+class PlanCache:
+    """Launch plans per call signature: ``plans.get(key, make)`` returns the plan made for ``key`` (shapes, strides,
+    dtypes, alignments, options, config, device: whatever the plan derives anything from), calling ``make()`` the
+    first time. A plan keeps what a launcher would otherwise re-derive on every call (configs, grids, descriptor
+    geometry, constexprs, LaunchCache's key), which is host time that short calls are bound by (benchmarks/NOTES.md,
+    session 23). Bounded: past ``maxsize`` signatures (e.g. growing decode lengths) it starts over."""
+
+    def __init__(self, maxsize: int = 512):
+        self.plans, self.maxsize = {}, maxsize
+
+    def get(self, key, make):
+        plan = self.plans.get(key)
+        if plan is None:
+            if len(self.plans) >= self.maxsize:
+                self.plans.clear()
+            plan = self.plans[key] = make()
+        return plan
 
 
 def _plain_launch_needed(kernel) -> bool:

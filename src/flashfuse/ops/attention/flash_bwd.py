@@ -36,7 +36,8 @@ import triton
 import triton.language as tl
 
 from ..._env import INTERPRET
-from .._triton import LaunchCache, cdiv, dot, ensure_tma_allocator, next_power_of_2
+from .._triton import (Launch, LaunchCache, PlanCache, cdiv, dot, ensure_tma_allocator, launch_device,
+                       next_power_of_2)
 from ._flash_common import LOG2E, kernel_options, key_block_phases, query_block_phases, score_mod, seq_bounds
 from . import flash_bwd_hopper
 from .dropout import dropout_keep
@@ -627,11 +628,19 @@ def hopper_backward_inputs(out, dout, lse, block_m: int):
     delta = torch.empty((batch * nheads_q, rows), dtype=torch.float32, device=out.device)
     lse2 = torch.empty_like(delta)
     dq_acc = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-    _launch_preprocess(
-        (rows // block_m, batch * nheads_q), out, dout, delta, lse, lse2, dq_acc, delta, *out.stride()[:3],
-        *dout.stride()[:3], nheads_q * rows, rows, *lse.stride()[:2], *dq_acc.stride()[:3], nheads_q, seqlen_q,
-        rows, head_dim, IS_VARLEN=False, WRITE_LSE2=True, BLOCK_M=block_m, BLOCK_D=next_power_of_2(head_dim))
+    # The launch's plan per call signature (ops/_triton.PlanCache): pointer alignments are part of its specialization.
+    key = (out.shape, out.stride(), dout.stride(), lse.stride(), out.dtype, dout.dtype, out.data_ptr() % 16,
+           dout.data_ptr() % 16, lse.data_ptr() % 16, block_m, launch_device())
+    launch, strides = _PREPROCESS_PLANS.get(key, lambda: (
+        Launch(_launch_preprocess, (rows // block_m, batch * nheads_q), IS_VARLEN=False, WRITE_LSE2=True,
+               BLOCK_M=block_m, BLOCK_D=next_power_of_2(head_dim)),
+        (*out.stride()[:3], *dout.stride()[:3], nheads_q * rows, rows, *lse.stride()[:2], *dq_acc.stride()[:3],
+         nheads_q, seqlen_q, rows, head_dim)))
+    launch(out, dout, delta, lse, lse2, dq_acc, delta, *strides)
     return delta, lse2, dq_acc
+
+
+_PREPROCESS_PLANS = PlanCache()
 
 
 def _hopper_backward(dout, q, k, v, out, lse, *, softmax_scale, window_right, bottom_right, fp32_grads, config):

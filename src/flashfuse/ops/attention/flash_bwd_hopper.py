@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import torch
 
-from .._triton import LaunchCache, cdiv
+from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device
 from . import flash_fwd_hopper
-from .flash_fwd_hopper import _smem_layout, bind_cuda_context, gluon, host_descriptor, sequence_descriptor
+from .flash_fwd_hopper import _smem_layout, bind_cuda_context, gluon, host_descriptor, sequence_geometry
 
 LOG2E = flash_fwd_hopper.LOG2E
 # Where this kernel can run and which tensors its host-side descriptors take: as the forward's.
@@ -415,27 +415,52 @@ def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_
                     bottom_right, config):
     """Launch on validated inputs: q, k, v, dout [batch, seqlen, heads, head dim] 16-bit with 16-byte aligned
     strides; lse2, delta from flash_bwd.hopper_backward_inputs; dq_acc zeroed fp32 shaped like q;
-    dk, dv contiguous, shaped like k, v: k's dtype, or fp32 (then stored from registers without rounding)."""
-    batch, seqlen_q, nheads_q, head_dim = q.shape
-    seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    cfg = dict(config)
-    block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
-    bind_cuda_context()
+    dk, dv contiguous, shaped like k, v: k's dtype, or fp32 (then stored from registers without rounding).
+    Through the plan kept for this call signature (_BackwardPlan)."""
+    key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dk.dtype, window_right,
+           bottom_right, tuple(config.items()), launch_device())
+    plan = _PLANS.get(key, lambda: _BackwardPlan(q, k, v, dout, dk, window_right, bottom_right, config))
+    plan(dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale)
 
-    def desc(t, seqlen, heads, box):
-        return sequence_descriptor(t, batch, seqlen, heads, t.stride(), box)
 
-    vec_descs = [host_descriptor(t, list(t.shape), list(t.stride()), [1, block_m], _VEC_LAYOUT) for t in (lse2, delta)]
-    grid = (cdiv(seqlen_k, block_n) * batch * nheads_k, )
-    _launch_backward(
-        grid, desc(q, seqlen_q, nheads_q, block_m), desc(k, seqlen_k, nheads_k, block_n),
-        desc(v, seqlen_k, nheads_k, block_n), desc(dout, seqlen_q, nheads_q, block_m), *vec_descs,
-        desc(dq_acc, seqlen_q, nheads_q, block_m), desc(dk, seqlen_k, nheads_k, block_n),
-        desc(dv, seqlen_k, nheads_k, block_n), dk, dv, *dk.stride()[:3],
-        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_right,
-        HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, FP32_GRADS=dk.dtype == torch.float32, BLOCK_M=block_m,
-        BLOCK_N=block_n, HEAD_DIM=head_dim,
-        Q_SMEM=_smem_layout([block_m, head_dim], q.dtype), KV_SMEM=_smem_layout([block_n, head_dim], q.dtype),
-        DS_SMEM=_smem_layout([block_n, block_m] if cfg["SCORES_T"] else [block_m, block_n], q.dtype),
-        DQ_SMEM=_smem_layout([block_m, head_dim], torch.float32),
-        **cfg)
+_PLANS = PlanCache()
+
+
+class _BackwardPlan:
+    """What a launch derives from the call's signature alone (grid, descriptor geometry, constexprs, the compiled
+    kernel), as flash_fwd_hopper._ForwardPlan: a repeated call builds its nine descriptors and launches."""
+
+    def __init__(self, q, k, v, dout, dk, window_right, bottom_right, config):
+        batch, seqlen_q, nheads_q, head_dim = q.shape
+        seqlen_k, nheads_k = k.shape[1], k.shape[2]
+        cfg = dict(config)
+        block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
+        rows = cdiv(seqlen_q, block_m) * block_m        # lse2 / delta rows (hopper_backward_inputs)
+
+        def geometry(seqlen, heads, strides, box, dtype=q.dtype):
+            return sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype)
+
+        vec = ([batch * nheads_q, rows], [rows, 1], [1, block_m], _VEC_LAYOUT)      # lse2, delta
+        dq_strides = [seqlen_q * nheads_q * head_dim, nheads_q * head_dim, head_dim, 1]      # dq_acc (fp32), dk and
+        dkv_strides = [seqlen_k * nheads_k * head_dim, nheads_k * head_dim, head_dim, 1]     # dv: contiguous
+        self.descriptors = [       # (shape, strides, box, layout) of q, k, v, dout, lse2, delta, dq_acc, dk, dv
+            geometry(seqlen_q, nheads_q, q.stride(), block_m), geometry(seqlen_k, nheads_k, k.stride(), block_n),
+            geometry(seqlen_k, nheads_k, v.stride(), block_n), geometry(seqlen_q, nheads_q, dout.stride(), block_m),
+            vec, vec, geometry(seqlen_q, nheads_q, dq_strides, block_m, torch.float32),
+            geometry(seqlen_k, nheads_k, dkv_strides, block_n, dk.dtype),
+            geometry(seqlen_k, nheads_k, dkv_strides, block_n, dk.dtype)]
+        self.sizes = (*dkv_strides[:3], nheads_q, nheads_k, seqlen_q, seqlen_k)
+        self.window_right = window_right
+        self.launch = Launch(
+            _launch_backward, (cdiv(seqlen_k, block_n) * batch * nheads_k, ), HAS_RIGHT=window_right >= 0,
+            BOTTOM_RIGHT=bottom_right, FP32_GRADS=dk.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n,
+            HEAD_DIM=head_dim, Q_SMEM=_smem_layout([block_m, head_dim], q.dtype),
+            KV_SMEM=_smem_layout([block_n, head_dim], q.dtype),
+            DS_SMEM=_smem_layout([block_n, block_m] if cfg["SCORES_T"] else [block_m, block_n], q.dtype),
+            DQ_SMEM=_smem_layout([block_m, head_dim], torch.float32), **cfg)
+
+    def __call__(self, dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale):
+        bind_cuda_context()
+        descs = [host_descriptor(t, *geometry)
+                 for t, geometry in zip((q, k, v, dout, lse2, delta, dq_acc, dk, dv), self.descriptors)]
+        self.launch(*descs, dk, dv, *self.sizes, qk_scale, sm_scale, self.window_right)

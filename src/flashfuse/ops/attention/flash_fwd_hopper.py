@@ -47,7 +47,7 @@ import torch
 import triton
 
 from ..._env import INTERPRET
-from .._triton import LaunchCache, cdiv, sm_count
+from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device, sm_count
 
 # The triton release this file's Gluon code is written and GPU-tested against.
 GLUON_TRITON = "3.6."
@@ -221,9 +221,14 @@ if gluon is not None:
             q = q_smem.index(q_slot)
             row0 = m0 + WG * ROWS
             full_end = seqlen_k
+            n_mine = n_blocks
             if HAS_RIGHT:
                 off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
                 full_end = gl.minimum(row0 + off + window_right + 1, seqlen_k)
+                # The tile's trailing key blocks that none of this warpgroup's rows sees (with 64-key blocks: the
+                # lower warpgroup's half of the causal diagonal) are released unread.
+                seen = gl.minimum(gl.minimum(row0 + ROWS, seqlen_q) + off + window_right, seqlen_k)
+                n_mine = gl.minimum(gl.maximum(gl.cdiv(seen, BLOCK_N), 1), n_blocks)
             m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
             l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
             acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
@@ -237,7 +242,7 @@ if gluon is not None:
             p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, 0, row0, seqlen_q, seqlen_k, full_end, window_right,
                                                 qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, s_layout)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-            for j in range(1, n_blocks):
+            for j in range(1, n_mine):
                 slot = (c + j) % NUM_STAGES
                 prev = (c + j - 1) % NUM_STAGES
                 mbarrier.wait(k_ready.index(slot), ((c + j) // NUM_STAGES) & 1)
@@ -254,7 +259,7 @@ if gluon is not None:
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
             mbarrier.arrive(q_empty.index(q_slot), count=1)      # every Q K^T of this tile is done
-            last = c + n_blocks - 1
+            last = c + n_mine - 1
             mbarrier.wait(v_ready.index(last % NUM_STAGES), (last // NUM_STAGES) & 1)
             acc_tok = warpgroup_mma(p_op, v_smem.index(last % NUM_STAGES), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
@@ -274,6 +279,14 @@ if gluon is not None:
             fence_async_shared()
             gl.thread_barrier()
             tma.async_copy_shared_to_global(o_desc, [i_b, row0, i_h, 0], _tma_box(o_buf, o_desc))  # rows past seqlen_q dropped
+            for j in range(n_mine, n_blocks):
+                # Released once loaded: the slot's previous use has then been released by every warpgroup, so this
+                # arrival cannot count toward it.
+                u = c + j
+                mbarrier.wait(k_ready.index(u % NUM_STAGES), (u // NUM_STAGES) & 1)
+                mbarrier.arrive(k_empty.index(u % NUM_STAGES), count=1)
+                mbarrier.wait(v_ready.index(u % NUM_STAGES), (u // NUM_STAGES) & 1)
+                mbarrier.arrive(v_empty.index(u % NUM_STAGES), count=1)
             c += n_blocks
             it += 1
         tma.store_wait(pendings=0)
@@ -368,13 +381,19 @@ _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_
 #   191 / 270 / 325 / 363 / 389 / 404.
 # Tried and dropped: the next tile's first Q K^T issued beside this tile's last P V (call 4: 2-10% slower at hd64,
 # within 1% at hd128), the key loop split at its first masked block (call 2: hd64 S = 512 causal 211 -> 132),
-# three consumers causal (ptxas spills 408 bytes; slower), 128 x 64 key tiles (8-17% slower).
-# ptxas, two consumers: 168 registers at launch (12 warps), 240 per consumer warpgroup, no spill (24 bytes at hd128
-# causal); 225 KB of shared memory at hd128 with two Q slots. Three: 128 at launch (16 warps), 160 per consumer.
+# three consumers causal (ptxas spills 408 bytes; slower), 128 x 64 key tiles (8-17% slower; session 23: faster for
+# hd64 causal below 2K keys, below). ptxas, two consumers: 168 registers at launch (12 warps), 240 per consumer
+# warpgroup, no spill (16 bytes at hd128 causal); 225 KB of shared memory at hd128 with two Q slots. Three: 128 at
+# launch (16 warps), 160 per consumer.
+# Session 23 (H100, CUDA-graph timed, two runs, `results/h100-2026-11-23-s23/c3`): hd64 causal with 64-key tiles, where
+# each causal tile's last key block is one its lower warpgroup releases unread, and 3 K / V stages: 255 / 299 / 334 /
+# 362 and 241 / 299 / 334 / 360 at S = 512 / 1K / 2K / 4K vs 128-key tiles' 218 / 288 / 353 / 390 and 216 / 293 / 356 /
+# 392 (cuDNN 256 / 325 / 371 / 404 and 245 / 313 / 366 / 400); 2 stages 247 / 294, 4 stages 254 / 297 at S = 512 / 1K.
 _THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_REGS=160)
 HOPPER_CONFIGS = {
     (64, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
-    (64, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
+    (64, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
+                 (2048, dict(_WARP_SPECIALIZED, PERSISTENT=True))),
     (128, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
     (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1)), ),
 }
@@ -386,16 +405,33 @@ HOPPER_ODD_CAUSAL_CONFIGS = {
 }
 
 
+# Grids: this kernel from MIN_WAVE waves of tiles (BLOCK_M rows of one head), persistent from MIN_WAVE waves of units
+# (causal pairs two tiles per unit), one tile per program in between. Measured on an H100 (session 23, `results/
+# h100-2026-11-23-s23/c1`, CUDA-graph timed, TFLOP/s, persistent / one tile per program / flash_fwd's pointer kernel /
+# cuDNN): B1 H32 hd128 causal S = 1024 (256 tiles, 128 units) 414 / 275 / 161 / 276, S = 512 (128 tiles, 64 units)
+# 144 / 180 / 158 / 169; B1 H32 hd128 S = 512 (128 tiles) 374 / 380 / 306 / 347, S = 1024 555 / 491 / 255 / 516;
+# B1 H16 hd64 S = 2048 (256 tiles) 422 / 401 / 337 / 417, S = 512 (64 tiles) 118 / 120 / 129 / 116: half a wave of
+# 128-row tiles stays with the pointer kernel's 64-row ones.
+MIN_WAVE = 0.9
+
+
 def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, programs_per_row_block: int,
                           num_sms: int):
     """This file's config for a call, or None where flash_fwd's kernels measured faster: head dims and masks
-    without a HOPPER_CONFIGS entry, key loops shorter than the entry's, grids under two waves. Causal calls whose
-    row blocks do not pair up take HOPPER_ODD_CAUSAL_CONFIGS."""
+    without a HOPPER_CONFIGS entry, key loops shorter than the entry's, grids under MIN_WAVE waves of tiles. Causal
+    calls whose row blocks do not pair up take HOPPER_ODD_CAUSAL_CONFIGS; persistent configs whose units fill under
+    MIN_WAVE waves run one tile per program."""
     config = _table_entry(HOPPER_CONFIGS.get((head_dim, causal), ()), seqlen_k)
     if config is not None and causal and cdiv(seqlen_q, config["BLOCK_M"]) % 2:
         config = _table_entry(HOPPER_ODD_CAUSAL_CONFIGS.get(head_dim, ()), seqlen_k)
-    if config is None or cdiv(seqlen_q, config["BLOCK_M"]) * programs_per_row_block < 2 * num_sms:
+    if config is None:
         return None
+    tiles = cdiv(seqlen_q, config["BLOCK_M"]) * programs_per_row_block
+    if tiles < MIN_WAVE * num_sms:
+        return None
+    units = tiles // 2 if causal and config["PERSISTENT"] else tiles
+    if config["PERSISTENT"] and units < MIN_WAVE * num_sms:
+        return dict(config, PERSISTENT=False, Q_STAGES=1)
     return dict(config)
 
 
@@ -429,12 +465,16 @@ def host_descriptor(base, shape, strides, block_shape, layout):
     return desc
 
 
+def sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype):
+    """(shape, strides, box, layout) of the 4-D host-side descriptor over a [batch, seqlen, heads, head dim] tensor
+    with [1, box, 1, head dim] boxes that both Gluon kernels use (rows past seqlen zero-filled on loads, dropped on
+    stores): host_descriptor's arguments after the tensor."""
+    return ([batch, seqlen, heads, head_dim], list(strides), [1, box, 1, head_dim],
+            _smem_layout([1, box, 1, head_dim], dtype))
+
+
 def sequence_descriptor(t, batch, seqlen, heads, strides, box):
-    """The 4-D host-side descriptor over a [batch, seqlen, heads, head dim] tensor with [1, box, 1, head dim]
-    boxes that both Gluon kernels use (rows past seqlen zero-filled on loads, dropped on stores)."""
-    head_dim = t.shape[-1]
-    return host_descriptor(t, [batch, seqlen, heads, head_dim], list(strides), [1, box, 1, head_dim],
-                           _smem_layout([1, box, 1, head_dim], t.dtype))
+    return host_descriptor(t, *sequence_geometry(batch, seqlen, heads, t.shape[-1], strides, box, t.dtype))
 
 
 def bind_cuda_context():
@@ -446,30 +486,54 @@ def bind_cuda_context():
 
 def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
                    nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config):
-    """Launch on validated inputs (flash_fwd's fast-path checks, TMA alignment included)."""
-    head_dim, batch = q.shape[-1], q.shape[0]
-    cfg = dict(config)
-    block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
-    rows = block_m // cfg["CONSUMERS"]          # 64: one consumer warpgroup's rows
-    n_m_blocks = cdiv(seqlen_q, block_m)
-    paired = cfg["PERSISTENT"] and window_right >= 0     # persistent causal: units of two row blocks (_ws_tile)
-    if paired and n_m_blocks % 2:                        # an odd count (configs from outside the table: tests)
-        cfg["PERSISTENT"] = paired = False               # one tile per program instead
-    n_units = n_m_blocks * batch * nheads_q // (2 if paired else 1)
-    programs = min(n_units, sm_count(q.device)) if cfg.pop("PERSISTENT") else n_units
-    # The kernel reads each [1, box, 1, head_dim] TMA box as a [box, head_dim] tile (_tma_box): the two layouts
-    # must swizzle alike.
-    assert all(_smem_layout([1, box, 1, head_dim], q.dtype).swizzle_byte_width
-               == _smem_layout([box, head_dim], q.dtype).swizzle_byte_width for box in (rows, block_n))
-    bind_cuda_context()
-    descs = [sequence_descriptor(t, batch, seqlen, heads, strides, box)
-             for t, seqlen, heads, strides, box in ((q, seqlen_q, nheads_q, q_strides, rows),
-                                                    (k, seqlen_k, nheads_k, k_strides, block_n),
-                                                    (v, seqlen_k, nheads_k, v_strides, block_n),
-                                                    (out, seqlen_q, nheads_q, o_strides, rows))]
-    _launch_forward(
-        (programs, ), *descs, lse, *lse_strides, nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k, qk_scale,
-        window_right, n_units, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, PAIRED=paired,
-        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, Q_SMEM=_smem_layout([rows, head_dim], q.dtype),
-        KV_SMEM=_smem_layout([block_n, head_dim], q.dtype), **cfg)
+    """Launch on validated inputs (flash_fwd's fast-path checks, TMA alignment included) through the plan kept for
+    this call signature (_ForwardPlan)."""
+    key = (q.shape, k.shape, q_strides, k_strides, v_strides, o_strides, lse_strides, q.dtype, window_right,
+           bottom_right, tuple(config.items()), launch_device(), sm_count(q.device))
+    plan = _PLANS.get(key, lambda: _ForwardPlan(q, k, nheads_q, nheads_k, seqlen_q, seqlen_k, q_strides, k_strides,
+                                                 v_strides, o_strides, lse_strides, window_right, bottom_right, config))
+    plan(q, k, v, out, lse, qk_scale)
     return out, lse
+
+
+_PLANS = PlanCache()
+
+
+class _ForwardPlan:
+    """What a launch derives from the call's signature alone (grid, row-block walk, descriptor geometry, constexprs,
+    the compiled kernel), kept so that a repeated call only builds its four descriptors and launches: host time is
+    what short calls are bound by on a slow host (benchmarks/NOTES.md, session 23)."""
+
+    def __init__(self, q, k, nheads_q, nheads_k, seqlen_q, seqlen_k, q_strides, k_strides, v_strides, o_strides,
+                 lse_strides, window_right, bottom_right, config):
+        head_dim, batch = q.shape[-1], q.shape[0]
+        cfg = dict(config)
+        block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
+        rows = block_m // cfg["CONSUMERS"]          # 64: one consumer warpgroup's rows
+        n_m_blocks = cdiv(seqlen_q, block_m)
+        paired = cfg["PERSISTENT"] and window_right >= 0     # persistent causal: units of two row blocks (_ws_tile)
+        if paired and n_m_blocks % 2:                        # an odd count (configs from outside the table: tests)
+            cfg["PERSISTENT"] = paired = False               # one tile per program instead
+        n_units = n_m_blocks * batch * nheads_q // (2 if paired else 1)
+        grid = (min(n_units, sm_count(q.device)) if cfg.pop("PERSISTENT") else n_units, )
+        # The kernel reads each [1, box, 1, head_dim] TMA box as a [box, head_dim] tile (_tma_box): the two layouts
+        # must swizzle alike.
+        assert all(_smem_layout([1, box, 1, head_dim], q.dtype).swizzle_byte_width
+                   == _smem_layout([box, head_dim], q.dtype).swizzle_byte_width for box in (rows, block_n))
+        self.descriptors = [sequence_geometry(batch, seqlen, heads, head_dim, strides, box, q.dtype)  # q, k, v, out
+                            for seqlen, heads, strides, box in ((seqlen_q, nheads_q, q_strides, rows),
+                                                                (seqlen_k, nheads_k, k_strides, block_n),
+                                                                (seqlen_k, nheads_k, v_strides, block_n),
+                                                                (seqlen_q, nheads_q, o_strides, rows))]
+        self.lse_strides = tuple(lse_strides)
+        self.sizes = (nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k)
+        self.window = (window_right, n_units)
+        self.launch = Launch(_launch_forward, grid, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right,
+                             PAIRED=paired, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
+                             Q_SMEM=_smem_layout([rows, head_dim], q.dtype),
+                             KV_SMEM=_smem_layout([block_n, head_dim], q.dtype), **cfg)
+
+    def __call__(self, q, k, v, out, lse, qk_scale):
+        bind_cuda_context()
+        descs = [host_descriptor(t, *geometry) for t, geometry in zip((q, k, v, out), self.descriptors)]
+        self.launch(*descs, lse, *self.lse_strides, *self.sizes, qk_scale, *self.window)
