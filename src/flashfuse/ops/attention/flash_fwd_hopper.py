@@ -477,10 +477,6 @@ def sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype):
             _smem_layout([1, box, 1, head_dim], dtype))
 
 
-def sequence_descriptor(t, batch, seqlen, heads, strides, box):
-    return host_descriptor(t, *sequence_geometry(batch, seqlen, heads, t.shape[-1], strides, box, t.dtype))
-
-
 def bind_cuda_context():
     """triton encodes host-side descriptors before its launcher binds the CUDA context to the calling thread,
     and a new thread has none yet ("invalid device context"): any CUDA runtime call binds it, and this one is
