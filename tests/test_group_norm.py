@@ -212,6 +212,25 @@ def test_hopper_channels_last_plan():
             assert n * hw >= cl.MIN_FILL * rounds * p.chunk_px * 132
 
 
+def test_hopper_backward_plan():
+    """The NCHW Gluon backward's plan on 132 SMs (pure Python, no GPU): K chunks of whole channels per group, at most
+    half the ring of x + dy tiles each, a group's programs all in one round, and at least MIN_FILL of the SMs' time on
+    rows; None where HW is not a multiple of a 512-byte row or the SMs would idle."""
+    from flashfuse.ops.group_norm_details import _hopper_bwd as bwd
+    tile_rows = bwd.TILE_BYTES // bwd.ROW_BYTES
+    for (n, c, hw, size), k in (((2, 320, 4096, 2), 2), ((8, 320, 16384, 2), 10), ((16, 640, 4096, 2), 4),
+                                ((16, 1280, 1024, 2), 2), ((8, 320, 4096, 2), 2), ((2, 320, 4096, 4), 10),
+                                ((2, 640, 1024, 2), None), ((16, 1280, 256, 2), None), ((4, 64, 1000, 2), None)):
+        p = bwd.plan(n, c, hw, 32 if c > 64 else 8, size, 132)
+        assert (p and p.n_chunks) == k, (n, c, hw, p)
+        if p is not None:
+            cpg, rows_per_channel = c // 32, hw * size // bwd.ROW_BYTES
+            assert p.chunk_rows == cpg // k * rows_per_channel and -(-p.chunk_rows // tile_rows) <= bwd.SLOTS // 2
+            assert p.per_round * k <= 132
+            rounds = -(-n * 32 // p.per_round)
+            assert n * 32 * cpg * rows_per_channel >= bwd.MIN_FILL * rounds * -(-p.chunk_rows // tile_rows) * tile_rows * 132
+
+
 def test_chunk_plan_at_real_sizes():
     """SD shapes on 132 SMs: >= 2 programs per SM in every wave, whole 128-byte channels_last rows, waves
     within WAVE_BYTES (or one sample; WAVE_BYTES = 0: one wave), chunks that cover HW exactly once, and with

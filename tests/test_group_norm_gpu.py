@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import flashfuse.ops.group_norm as gn_ops
-from flashfuse.ops.group_norm_details import _hopper_fwd, _hopper_fwd_cl
+from flashfuse.ops.group_norm_details import _hopper_bwd, _hopper_fwd, _hopper_fwd_cl
 from flashfuse.nn.group_norm import GroupNormAct
 from flashfuse.ops.group_norm import group_norm
 from test_group_norm import CL, check, leaf, make, poison, rel_err  # noqa: F401  (poison: autouse NaN fills)
@@ -278,3 +278,65 @@ def test_hopper_forward_repeats_gpu(monkeypatch, shape, groups, dtype, temb, lay
     assert len(calls) == (9 if kernel.available(torch.device("cuda")) else 0)
     monkeypatch.setattr(gn_ops, "HOPPER_FWD", False)
     assert rel_err(y, gn_ops.group_norm_forward(x, groups, w, b, 1e-6, "silu", r)[0]) < TOL[dtype]
+
+
+# The NCHW Gluon backward (group_norm_details/_hopper_bwd.py): (shape, groups, dtype, weight, bias, residual,
+# activation). Groups split into K = 2, 4, 10 chunks that meet (SD's levels: one round, 8 and 16 rounds, 20 rounds of
+# 4-tile chunks), K = 1 (no meeting) with 3-row chunks, 9 rows per channel in 16-row tiles (padding rows in every
+# chunk, K = 10), fp32 (128-column rows), no affine, a residual broadcast over the samples; MIN_FILL off so that the
+# small cases take it too.
+HOPPER_BWD_CASES = [
+    pytest.param((2, 320, 64, 64), 32, BF16, True, True, (2, 320, 1, 1), "silu", id="sd-64-k2"),
+    pytest.param((16, 1280, 32, 32), 32, F16, True, True, (16, 1280, 1, 1), "silu", id="sd-32-k2-rounds"),
+    pytest.param((16, 640, 64, 64), 32, BF16, True, True, None, "silu", id="sd-64-640-k4"),
+    pytest.param((8, 320, 128, 128), 32, BF16, True, True, (8, 320, 1, 1), "silu", id="sd-128-k10"),
+    pytest.param((3, 96, 16, 16), 32, F16, True, False, None, None, id="k1-pad-3-rows"),
+    pytest.param((1, 30, 48, 48), 3, BF16, False, True, (30, 1, 1), "silu", id="k10-pad-9-rows-per-channel"),
+    pytest.param((2, 64, 32, 32), 8, torch.float32, False, False, None, "silu", id="fp32-noaffine"),
+]
+
+
+@pytest.mark.parametrize("shape, groups, dtype, weight, bias, residual, activation", HOPPER_BWD_CASES)
+def test_hopper_backward_gpu(monkeypatch, shape, groups, dtype, weight, bias, residual, activation):
+    """The Gluon backward where it is available (sm_90, triton 3.6; elsewhere the Triton plans, counted as such): every
+    gradient against float64 with a shifted mean, and dx equal to the Triton plans' within one rounding."""
+    monkeypatch.setattr(_hopper_bwd, "MIN_FILL", 0.0)
+    calls = []
+    backward = _hopper_bwd.backward
+    monkeypatch.setattr(_hopper_bwd, "backward", lambda *a: calls.append(1) or backward(*a))
+    t = make(shape, dtype, "cuda", weight=weight, bias=bias, residual=residual, shift=3.0)
+    check(t, groups, activation, TOL.get(dtype, 1e-5), eps=1e-6)
+    assert len(calls) == (1 if _hopper_bwd.available(torch.device("cuda")) else 0)
+    x, w, b, r = t["x"], t["weight"], t["bias"], t["residual"]
+    y, mean, rstd = gn_ops.group_norm_forward(x, groups, w, b, 1e-6, activation or "none", r)
+    dy = torch.randn_like(y)
+    grads = gn_ops.group_norm_backward(dy, x, groups, w, b, mean, rstd, activation or "none", r)
+    monkeypatch.setattr(gn_ops, "HOPPER_BWD", False)
+    grads_triton = gn_ops.group_norm_backward(dy, x, groups, w, b, mean, rstd, activation or "none", r)
+    for ours, theirs in zip(grads, grads_triton):
+        assert (ours is None) == (theirs is None)
+        if ours is not None:
+            assert rel_err(ours, theirs) < TOL.get(dtype, 1e-5)
+
+
+def test_hopper_backward_repeats_and_graph_gpu(monkeypatch):
+    """Over several rounds of meetings the Gluon backward gives the same bits run after run (the chunks' sums are added
+    in chunk order, dw / db by torch), and its launch (the zeroed meeting counters included) replays in a CUDA graph."""
+    x = torch.randn(16, 640, 64, 64, device="cuda", dtype=BF16) * 2 + 1
+    w, b = torch.randn(640, device="cuda"), torch.randn(640, device="cuda")
+    temb = torch.randn(16, 640, 1, 1, device="cuda", dtype=BF16)
+    y, mean, rstd = gn_ops.group_norm_forward(x, 32, w, b, 1e-6, "silu", temb)
+    dy = torch.randn_like(y)
+    grads = gn_ops.group_norm_backward(dy, x, 32, w, b, mean, rstd, "silu", temb)
+    for _ in range(8):
+        again = gn_ops.group_norm_backward(dy, x, 32, w, b, mean, rstd, "silu", temb)
+        assert all(torch.equal(a, g) for a, g in zip(again, grads))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        graphed = gn_ops.group_norm_backward(dy, x, 32, w, b, mean, rstd, "silu", temb)
+    for _ in range(2):
+        for t in graphed:
+            t.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, g) for a, g in zip(graphed, grads))

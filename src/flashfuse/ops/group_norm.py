@@ -38,6 +38,7 @@ from .group_norm_details._kernels import (
     _group_norm_fwd_stats_kernel,
 )
 from .group_norm_details._chunked_launch import ChunkConfig, chunk_plan, chunked_backward, chunked_forward  # noqa: F401
+from .group_norm_details import _hopper_bwd as hopper_bwd
 from .group_norm_details import _hopper_fwd as hopper_fwd
 from .group_norm_details import _hopper_fwd_cl as hopper_fwd_cl
 
@@ -111,6 +112,9 @@ SECOND_PASS_EVICT = ""
 # runs group_norm_details/_hopper_fwd.py on sm_90 with triton 3.6: one HBM read of x, the group held in shared
 # memory (see its docstring and eligible); everything else, and the CPU interpreter, takes the plans below.
 HOPPER_FWD = True
+# The backward of contiguous NCHW x with a plan (group_norm_details/_hopper_bwd.py: x and dy read once, groups split
+# over programs that meet) likewise.
+HOPPER_BWD = True
 
 
 class _Plan(NamedTuple):
@@ -276,6 +280,14 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
     dy = _as_nchw(dy)
     dx = _alloc_like(x)
     dres_in_kernel = compute_dres and _dres_in_kernel(x, residual)
+    if HOPPER_BWD and x.numel() > 0:
+        r = None if residual is None else _expand_residual(residual, x)
+        sr = None if r is None else _nchw_strides(r)
+        if hopper_bwd.eligible(x, dy, dx, num_groups, activation, sr):
+            dw_part, db_part, dres_part = hopper_bwd.backward(
+                dy, x, r, sr, weight, bias, mean, rstd, num_groups, activation, dx, compute_dw, compute_db,
+                dres_in_kernel, _alloc)
+            return dx, *_reduce_parts(x, residual, weight, bias, n, c, dw_part, db_part, dres_part)
     if x.numel() > 0 and _use_chunked(num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD,
                                       x.numel() * x.element_size()):
         r = x if residual is None else _expand_residual(residual, x)
