@@ -225,7 +225,7 @@ def test_hopper_backward_plan():
         assert (p and p.n_chunks) == k, (n, c, hw, p)
         if p is not None:
             cpg, rows_per_channel = c // 32, hw * size // bwd.ROW_BYTES
-            assert p.chunk_rows == cpg // k * rows_per_channel and -(-p.chunk_rows // tile_rows) <= bwd.SLOTS // 2
+            assert p.chunk_rows == cpg // k * rows_per_channel and -(-p.chunk_rows // tile_rows) <= bwd.MAX_CHUNK_TILES
             assert p.per_round * k <= 132
             rounds = -(-n * 32 // p.per_round)
             assert n * 32 * cpg * rows_per_channel >= bwd.MIN_FILL * rounds * -(-p.chunk_rows // tile_rows) * tile_rows * 132

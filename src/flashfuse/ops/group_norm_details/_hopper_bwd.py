@@ -44,6 +44,7 @@ if gluon is not None:
     from ._hopper_fwd import _NEG_LOG2E, _affine_rows, _ex2, _rcp, _row_load
 
 SLOTS = 14                        # x + dy tiles of 8 KB each: 224 KB of ring (227 KB is the sm_90 limit)
+MAX_CHUNK_TILES = SLOTS // 2     # a chunk's tiles, at most: half the ring, so both partitions' rounds are in flight
 MIN_FILL = 0.9                    # least share of the SMs' rounds x chunk tiles holding tiles (as _hopper_fwd_cl)
 K_PAD_MAX = 64                    # chunks per group, at most (one load at the meeting)
 
@@ -254,7 +255,7 @@ def plan(n: int, c: int, hw: int, groups: int, element_size: int, sms: int) -> O
     cpg, rows_per_channel, n_groups = c // groups, hw // cols, n * groups
     best = None
     for k in range(1, min(cpg, K_PAD_MAX, sms) + 1):
-        if cpg % k or cdiv(cpg // k * rows_per_channel, tile_rows) > SLOTS // PARTS:
+        if cpg % k or cdiv(cpg // k * rows_per_channel, tile_rows) > MAX_CHUNK_TILES:
             continue
         tiles = cdiv(cpg // k * rows_per_channel, tile_rows)
         per_round = min(sms // k, n_groups)
