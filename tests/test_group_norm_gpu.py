@@ -281,18 +281,18 @@ def test_hopper_forward_repeats_gpu(monkeypatch, shape, groups, dtype, temb, lay
 
 
 # The NCHW Gluon backward (group_norm_details/_hopper_bwd.py): (shape, groups, dtype, weight, bias, residual,
-# activation). Groups split into K = 2, 4, 10 chunks that meet (SD's levels: one round, 8 and 16 rounds, 20 rounds of
-# 4-tile chunks), K = 1 (no meeting) with 3-row chunks, 9 rows per channel in 16-row tiles (padding rows in every
-# chunk, K = 10), fp32 (128-column rows), no affine, a residual broadcast over the samples; MIN_FILL off so that the
-# small cases take it too.
+# activation). Groups split into K = 2, 4, 5, 10 chunks that meet (SD's levels: one round, 8 rounds, 10 rounds of
+# 8-tile chunks), K = 1 (no meeting) over 4 rounds and with 3-row chunks, 9 rows per channel in 16-row tiles (padding
+# rows in every chunk, K = 10), fp32 (128-column rows), no affine, a residual broadcast over the samples; MIN_FILL
+# off so that the small cases take it too.
 HOPPER_BWD_CASES = [
     pytest.param((2, 320, 64, 64), 32, BF16, True, True, (2, 320, 1, 1), "silu", id="sd-64-k2"),
-    pytest.param((16, 1280, 32, 32), 32, F16, True, True, (16, 1280, 1, 1), "silu", id="sd-32-k2-rounds"),
-    pytest.param((16, 640, 64, 64), 32, BF16, True, True, None, "silu", id="sd-64-640-k4"),
-    pytest.param((8, 320, 128, 128), 32, BF16, True, True, (8, 320, 1, 1), "silu", id="sd-128-k10"),
+    pytest.param((16, 1280, 32, 32), 32, F16, True, True, (16, 1280, 1, 1), "silu", id="sd-32-k1-rounds"),
+    pytest.param((16, 640, 64, 64), 32, BF16, True, True, None, "silu", id="sd-64-640-k2-rounds"),
+    pytest.param((8, 320, 128, 128), 32, BF16, True, True, (8, 320, 1, 1), "silu", id="sd-128-k5"),
     pytest.param((3, 96, 16, 16), 32, F16, True, False, None, None, id="k1-pad-3-rows"),
     pytest.param((1, 30, 48, 48), 3, BF16, False, True, (30, 1, 1), "silu", id="k10-pad-9-rows-per-channel"),
-    pytest.param((2, 64, 32, 32), 8, torch.float32, False, False, None, "silu", id="fp32-noaffine"),
+    pytest.param((2, 64, 32, 32), 8, torch.float32, False, False, None, "silu", id="fp32-noaffine-k4"),
 ]
 
 

@@ -284,10 +284,12 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
         r = None if residual is None else _expand_residual(residual, x)
         sr = None if r is None else _nchw_strides(r)
         if hopper_bwd.eligible(x, dy, dx, num_groups, activation, sr):
-            dw_part, db_part, dres_part = hopper_bwd.backward(
-                dy, x, r, sr, weight, bias, mean, rstd, num_groups, activation, dx, compute_dw, compute_db,
-                dres_in_kernel, _alloc)
-            return dx, *_reduce_parts(x, residual, weight, bias, n, c, dw_part, db_part, dres_part)
+            dw, db, dres = hopper_bwd.backward(dy, x, r, sr, weight, bias, mean, rstd, num_groups, activation, dx,
+                                               compute_dw, compute_db, dres_in_kernel, _alloc)
+            if dres is not None:
+                dres = dres.view(n, c, *(1,) * (x.dim() - 2)).sum_to_size(residual.shape).to(residual.dtype)
+            return (dx, None if dw is None else dw.to(weight.dtype), None if db is None else db.to(bias.dtype),
+                    dres)
     if x.numel() > 0 and _use_chunked(num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD,
                                       x.numel() * x.element_size()):
         r = x if residual is None else _expand_residual(residual, x)

@@ -2,12 +2,12 @@
 
 The Triton plans read x and dy twice (the group's two sums, then dx): 7 tensor passes where 3 are needed, so forward +
 backward stalled at 41-60% of copy (benchmarks/NOTES.md, sessions 5-21). Here a group (one contiguous run of cpg
-channels x HW pixels of NCHW) is cut into K chunks of cpc = cpg / K whole channels, each small enough that x and dy
-of two chunks fit the ring; the K programs holding one group's chunks meet once through global memory:
+channels x HW pixels of NCHW) is cut into K chunks of cpc = cpg / K whole channels, x and dy of each within
+MAX_CHUNK_TILES of the ring; the K programs holding one group's chunks meet once through global memory:
 
     loader (1 warp)        the chunk's x and dy tiles by TMA into the ring (slot k: x tile k and dy tile k)
     compute (2 x WARPS)    per round (partitions take rounds in turn, so the loader streams one partition's next chunk
-                           while the other meets and writes dx):
+                           as the other's slots free up, while that one meets and writes dx):
         sums     per tile, with x_hat = (s - mean) rstd, z = x_hat w_c + b_c, dz = dy act'(z) (s = x + r_c, rounded
                  to x's dtype like the forward, written back to the slot):
                      per row   sum dz, sum dz x_hat      -> db, dw partials (fp32 per (n, c, row); torch sums them)
@@ -44,7 +44,10 @@ if gluon is not None:
     from ._hopper_fwd import _NEG_LOG2E, _affine_rows, _ex2, _rcp, _row_load
 
 SLOTS = 14                        # x + dy tiles of 8 KB each: 224 KB of ring (227 KB is the sm_90 limit)
-MAX_CHUNK_TILES = SLOTS // 2     # a chunk's tiles, at most: half the ring, so both partitions' rounds are in flight
+# A chunk's tiles, at most. Chunks of up to half the ring keep both partitions' rounds in flight, but larger chunks
+# (fewer programs per group: fewer meetings and rounds) measured faster (session 24, bf16 us: (16, 640, 64, 64)
+# K = 4 -> 2 132.1 -> 121.6, (8, 320, 128, 128) K = 10 -> 5 138.8 -> 123.0, (16, 1280, 32, 32) K = 2 -> 1 77.7 -> 69.3).
+MAX_CHUNK_TILES = 10
 MIN_FILL = 0.9                    # least share of the SMs' rounds x chunk tiles holding tiles (as _hopper_fwd_cl)
 K_PAD_MAX = 64                    # chunks per group, at most (one load at the meeting)
 
@@ -246,7 +249,7 @@ class Plan(NamedTuple):
 
 def plan(n: int, c: int, hw: int, groups: int, element_size: int, sms: int) -> Optional[Plan]:
     """The K dividing cpg that minimises rounds x chunk tiles (the busiest program's share), ties to fewer chunks;
-    chunks of at most half the ring, so both partitions' rounds are in flight. None when HW is not a multiple of a
+    chunks of at most MAX_CHUNK_TILES. None when HW is not a multiple of a
     512-byte row, no K fits, or the plan would leave more than 1 - MIN_FILL of the SMs' time idle."""
     cols = ROW_BYTES // element_size
     tile_rows = TILE_BYTES // ROW_BYTES
@@ -286,8 +289,8 @@ def eligible(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, num_groups: in
 
 def backward(dy, x, residual, residual_strides, weight, bias, mean, rstd, num_groups, activation, dx, compute_dw,
              compute_db, compute_dres, alloc):
-    """dx (written into dx) and the fp32 partials [N, rows per channel, C] of dw, db and the broadcast residual's
-    gradient (None where not asked) for an eligible x; residual: expanded to x's shape (a strided view), or None;
+    """dx (written into dx), and dw, db (fp32 (C,)) and the broadcast residual's gradient summed over the pixels (fp32
+    (N, C)), None where not asked, for an eligible x; residual: expanded to x's shape (a strided view), or None;
     alloc(shape, dtype, device): group_norm's allocator of the buffers the kernel writes."""
     n, c = x.shape[0], x.shape[1]
     hw = x.numel() // (n * c)
@@ -297,11 +300,10 @@ def backward(dy, x, residual, residual_strides, weight, bias, mean, rstd, num_gr
     p = plan(n, c, hw, num_groups, x.element_size(), sm_count(x.device))
     n_groups = n * num_groups
     units = n_groups * p.n_chunks
-
-    def rows_buffer(wanted):
-        return alloc((n * c * rows_per_channel, ), torch.float32, x.device) if wanted else None
-
-    dw_rows, db_rows, dres_rows = rows_buffer(compute_dw), rows_buffer(compute_db), rows_buffer(compute_dres)
+    # per-row sums, [N, C, rows per channel] each: dw and db in one buffer (one reduction), dresidual's apart
+    n_sums = compute_dw + compute_db
+    row_sums = alloc((max(n_sums, 1), n * c * rows_per_channel), torch.float32, x.device)
+    dres_rows = alloc((n * c * rows_per_channel, ), torch.float32, x.device) if compute_dres else None
     meet = p.n_chunks > 1
     part = alloc((units * 2 if meet else 1, ), torch.float32, x.device)
     count = torch.zeros(n_groups if meet else 1, dtype=torch.int32, device=x.device)
@@ -313,8 +315,8 @@ def backward(dy, x, residual, residual_strides, weight, bias, mean, rstd, num_gr
     dy_desc = host_descriptor(dy, shape, strides, box, box_layout)
     dummy = mean
     _launch((p.per_round * p.n_chunks, ), x_desc, dy_desc, dummy if residual is None else residual,
-            dummy if weight is None else weight, dummy if bias is None else bias, mean, rstd, dx,
-            *(dummy if t is None else t for t in (dw_rows, db_rows, dres_rows)), part, count, n_groups, num_groups,
+            dummy if weight is None else weight, dummy if bias is None else bias, mean, rstd, dx, row_sums[0],
+            row_sums[n_sums - 1], dummy if dres_rows is None else dres_rows, part, count, n_groups, num_groups,
             cpg, p.n_chunks, p.per_round, p.chunk_rows, 1.0 / rows_per_channel,
             *(residual_strides[:2] if residual is not None else (0, 0)), 1.0 / (cpg * hw),
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
@@ -323,8 +325,8 @@ def backward(dy, x, residual, residual_strides, weight, bias, mean, rstd, num_gr
             K_PAD=next_power_of_2(p.n_chunks), TILE_ROWS=tile_rows, TILE_COLS=cols, SLOTS=SLOTS,
             SMEM=gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2), WARPS=COMPUTE_WARPS,
             COMPUTE_REGS=COMPUTE_REGS, LOADER_REGS=LOADER_REGS, num_warps=COMPUTE_WARPS)
-
-    def parts(rows):     # [N, C, rows per channel] -> [N, rows per channel, C], as _reduce_parts sums
-        return None if rows is None else rows.view(n, c, rows_per_channel).transpose(1, 2)
-
-    return parts(dw_rows), parts(db_rows), parts(dres_rows)
+    sums = row_sums.view(-1, n, c, rows_per_channel).sum((1, 3)) if n_sums else None      # [n_sums, C]
+    dw = sums[0] if compute_dw else None
+    db = sums[n_sums - 1] if compute_db else None
+    dres = dres_rows.view(n, c, rows_per_channel).sum(2) if compute_dres else None
+    return dw, db, dres
