@@ -212,6 +212,19 @@ def test_hopper_channels_last_plan():
             assert n * hw >= cl.MIN_FILL * rounds * p.chunk_px * 132
 
 
+def test_hopper_forward_plan():
+    """The NCHW Gluon forward's plan on 132 SMs: whole groups where they fit the ring (K = 1), split over K programs
+    where not ((8, 320, 128, 128): 40 tiles) or where that fills more SMs ((2, 320, 64, 64): 64 groups); None where the
+    SMs would idle or HW is not a multiple of a 512-byte row."""
+    from flashfuse.ops.group_norm_details import _hopper_fwd as fwd
+    for (n, c, hw), k in (((2, 320, 4096), 2), ((8, 320, 16384), 2), ((16, 640, 4096), 1), ((16, 1280, 1024), 1),
+                          ((8, 320, 4096), 1), ((2, 640, 1024), None), ((4, 64, 1000), None)):
+        p = fwd.plan(n, c, hw, 32, 2, 132)
+        assert (p and p.n_chunks) == k, (n, c, hw, p)
+        if p is not None:
+            assert -(-p.chunk_rows // 16) <= fwd.SLOTS and p.per_round * k <= 132
+
+
 def test_hopper_backward_plan():
     """The NCHW Gluon backward's plan on 132 SMs (pure Python, no GPU): K chunks of whole channels per group, at most
     MAX_CHUNK_TILES of x + dy tiles each, a group's programs all in one round, and at least MIN_FILL of the SMs' time on

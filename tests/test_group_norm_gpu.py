@@ -144,13 +144,15 @@ def test_chunked_cuda_graph_gpu(monkeypatch):
 
 
 # The Gluon forward (group_norm_details/_hopper_fwd.py): (shape, groups, dtype, weight, bias, residual, activation).
-# Groups of 5 and 10 ring tiles, several groups per program (16 x 32 groups on 132 SMs), padding rows (a group
-# of 3 or 90 rows, not a multiple of the 16-row tile), 9 rows per channel (not a power of 2), a residual broadcast
-# over the samples (C, 1, 1), no affine, fp32 (128-column rows).
+# Whole groups (K = 1) of 10 and 20 ring tiles, several groups per program (16 x 32 groups on 132 SMs), groups split
+# over K = 2 programs that meet (one round of 5-tile chunks; (8, 320, 128, 128): 4 rounds of 20-tile chunks), K = 10
+# chunks of 9 rows (padding rows, 9 rows per channel: not a power of 2), a group of 3 rows, a residual broadcast over
+# the samples (C, 1, 1), no affine, fp32 (128-column rows, K = 4); MIN_FILL off so that the small cases take it.
 HOPPER_CASES = [
     pytest.param((2, 320, 64, 64), 32, BF16, True, True, (2, 320, 1, 1), "silu", id="sd-64"),
     pytest.param((16, 1280, 32, 32), 32, F16, True, True, (16, 1280, 1, 1), "silu", id="sd-32-many-groups"),
     pytest.param((16, 640, 64, 64), 32, BF16, True, True, (16, 640, 1, 1), "silu", id="sd-64-640"),
+    pytest.param((8, 320, 128, 128), 32, BF16, True, True, (8, 320, 1, 1), "silu", id="sd-128-k2-rounds"),
     pytest.param((3, 96, 16, 16), 32, F16, True, False, None, None, id="pad-3-rows"),
     pytest.param((1, 30, 48, 48), 3, BF16, False, True, (30, 1, 1), "silu", id="pad-90-rows-9-per-channel"),
     pytest.param((2, 64, 32, 32), 8, torch.float32, False, False, None, "silu", id="fp32-noaffine"),
@@ -162,7 +164,7 @@ def test_hopper_forward_gpu(monkeypatch, shape, groups, dtype, weight, bias, res
     """The Gluon forward where it is available (sm_90, triton 3.6; elsewhere the Triton plans, counted as such):
     output and every gradient against float64 (the backward starts from its mean / rstd), with a shifted mean (the
     exact two-pass variance), and equal to the Triton forward within one rounding."""
-    monkeypatch.setattr(_hopper_fwd, "MIN_GROUPS_PER_SM", 0)      # small cases too
+    monkeypatch.setattr(_hopper_fwd, "MIN_FILL", 0.0)      # small cases too
     calls = []
     forward = _hopper_fwd.forward
     monkeypatch.setattr(_hopper_fwd, "forward", lambda *a: calls.append(1) or forward(*a))
@@ -258,6 +260,7 @@ REPEAT_CASES = [
     pytest.param((4, 640, 61, 64), 16, F16, False, CL, _hopper_fwd_cl, id="cl-cpg40"),
     pytest.param((16, 640, 64, 64), 32, BF16, True, torch.contiguous_format, _hopper_fwd, id="nchw-temb"),
     pytest.param((16, 1280, 32, 32), 32, F16, False, torch.contiguous_format, _hopper_fwd, id="nchw-cpg40"),
+    pytest.param((8, 320, 128, 128), 32, BF16, True, torch.contiguous_format, _hopper_fwd, id="nchw-split-groups"),
 ]
 
 

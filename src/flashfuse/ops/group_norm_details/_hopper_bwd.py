@@ -29,13 +29,14 @@ stays with the Triton plans (group_norm.py), as does everything off sm_90 with t
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
-from .._triton import LaunchCache, cdiv, next_power_of_2, sm_count
+from .._triton import LaunchCache, next_power_of_2, sm_count
 from ..attention.flash_fwd_hopper import available, bind_cuda_context, gluon, host_descriptor
-from ._hopper_fwd import ACTIVATIONS, COMPUTE_REGS, COMPUTE_WARPS, LOADER_REGS, PARTS, ROW_BYTES, TILE_BYTES
+from ._hopper_fwd import ACTIVATIONS, COMPUTE_REGS, COMPUTE_WARPS, LOADER_REGS, ROW_BYTES, TILE_BYTES, Plan
+from ._hopper_fwd import plan as _plan
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl
@@ -49,7 +50,6 @@ SLOTS = 14                        # x + dy tiles of 8 KB each: 224 KB of ring (2
 # K = 4 -> 2 132.1 -> 121.6, (8, 320, 128, 128) K = 10 -> 5 138.8 -> 123.0, (16, 1280, 32, 32) K = 2 -> 1 77.7 -> 69.3).
 MAX_CHUNK_TILES = 10
 MIN_FILL = 0.9                    # least share of the SMs' rounds x chunk tiles holding tiles (as _hopper_fwd_cl)
-K_PAD_MAX = 64                    # chunks per group, at most (one load at the meeting)
 
 if gluon is not None:
     _MAX_EXP2 = gl.constexpr(126.0)    # glu.py's clamp: exp(-z) stays finite, so e s below is never inf * 0
@@ -241,33 +241,9 @@ if gluon is not None:
 _GL_BITS = {torch.float16: 16, torch.bfloat16: 16, torch.float32: 32}
 
 
-class Plan(NamedTuple):
-    n_chunks: int       # K programs per group, each on cpg / K whole channels
-    chunk_rows: int     # 512-byte rows per chunk
-    per_round: int      # groups per round: the grid is per_round * n_chunks <= SMs
-
-
 def plan(n: int, c: int, hw: int, groups: int, element_size: int, sms: int) -> Optional[Plan]:
-    """The K dividing cpg that minimises rounds x chunk tiles (the busiest program's share), ties to fewer chunks;
-    chunks of at most MAX_CHUNK_TILES. None when HW is not a multiple of a
-    512-byte row, no K fits, or the plan would leave more than 1 - MIN_FILL of the SMs' time idle."""
-    cols = ROW_BYTES // element_size
-    tile_rows = TILE_BYTES // ROW_BYTES
-    if hw % cols:
-        return None
-    cpg, rows_per_channel, n_groups = c // groups, hw // cols, n * groups
-    best = None
-    for k in range(1, min(cpg, K_PAD_MAX, sms) + 1):
-        if cpg % k or cdiv(cpg // k * rows_per_channel, tile_rows) > MAX_CHUNK_TILES:
-            continue
-        tiles = cdiv(cpg // k * rows_per_channel, tile_rows)
-        per_round = min(sms // k, n_groups)
-        cost = cdiv(n_groups, per_round) * tiles
-        if best is None or cost < best[0]:
-            best = (cost, Plan(k, cpg // k * rows_per_channel, per_round))
-    if best is None or n_groups * cpg * rows_per_channel < MIN_FILL * best[0] * tile_rows * sms:
-        return None
-    return best[1]
+    """_hopper_fwd.plan with chunks of at most MAX_CHUNK_TILES (x + dy) tiles and this file's MIN_FILL."""
+    return _plan(n, c, hw, groups, element_size, sms, MAX_CHUNK_TILES, MIN_FILL)
 
 
 def eligible(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, num_groups: int, activation: str,

@@ -1,25 +1,31 @@
-"""GroupNorm forward for Hopper in Gluon: each group read from HBM once, held in shared memory.
+"""GroupNorm forward for Hopper in Gluon: each group read from HBM once, held in shared memory (split over programs
+that meet where it does not fit one).
 
 The Triton plans read x twice (statistics, then normalize) or meet through global memory, and stall at
 50-60% of the copy bandwidth (benchmarks/NOTES.md, sessions 8-13): one pass needs the whole group before it
 can normalize, and a program that holds it in registers cannot keep loads in flight. Here a persistent
 program per SM keeps a ring of SLOTS shared-memory tiles, filled by TMA from a one-warp loader partition
 that runs ahead of the compute warps and waits only for a free slot; two compute partitions take the program's
-groups in turn (even / odd), so one's statistics and waits overlap the other's normalize pass:
+chunks in turn (even / odd), so one's statistics and waits overlap the other's normalize pass:
 
-    loader (1 warp)           for each tile of each of this program's groups: wait slot free, TMA -> slot
-    compute (2 x WARPS)       per group (its T tiles all in the ring):
+    loader (1 warp)           for each tile of each of this program's chunks: wait slot free, TMA -> slot
+    compute (2 x WARPS)       per chunk (its T tiles all in the ring):
         statistics   as the tiles arrive: s = x (+ r_c, rounded to x's dtype and written back to the slot),
-                     one-pass shifted sums per tile position, merged exactly (_stats)       -> mean, rstd
+                     one-pass shifted sums per tile position, merged exactly (_stats)       -> mean, M2
+        meet         (K > 1) the chunk's (mean, M2) stored, a release increment of the group's counter, spin (acquire)
+                     until the K chunks are in, merged in chunk order (equal counts)        -> mean, rstd
         normalize    y = act(s * a_c + b_c),  a_c = w_c rstd,  b_c = bias_c - mean a_c; each slot released as soon
                      as every warp of the partition has read it, so the loader streams the next tiles behind
 
-A group of NCHW x is one contiguous run of L = cpg * HW elements; x is seen as [N * G, R, TILE_COLS]
-(R = L / TILE_COLS rows of 512 bytes, each within one channel since TILE_COLS divides HW) and read in
-[1, TILE_ROWS, TILE_COLS] TMA boxes (rows past R zero-filled, masked in the sums and the stores). A group fits
-when its T = cdiv(R, TILE_ROWS) tiles fit the ring: SLOTS x 8 KB = 224 KB (SD's (16, 640, 64, 64) groups are
-160 KB in bf16). Larger groups, channels_last, a full-size residual, activations other than None / SiLU and
-fewer groups than SMs stay with the Triton plans (group_norm.py), as does everything off sm_90 with triton 3.6
+A group of NCHW x is one contiguous run of L = cpg * HW elements, cut into K chunks of cpc = cpg / K whole
+channels (plan(); K = 1 for groups that fit the ring, e.g. SD's (16, 640, 64, 64): 160 KB in bf16, 20 of the
+ring's 28 tiles; K = 2 for (8, 320, 128, 128)). x is seen as [N * G * K, R, TILE_COLS] (R = cpc * HW / TILE_COLS
+rows of 512 bytes, each within one channel since TILE_COLS divides HW) and read in [1, TILE_ROWS, TILE_COLS] TMA
+boxes (rows past R zero-filled, masked in the sums and the stores). Program pid holds chunk pid % K of the groups
+pid // K, pid // K + S, ... (S groups per round): all K programs of a group are in the same round, and the grid
+(S K <= SMs, one program per SM by its shared memory) is resident at once, so a spin never waits on a program that
+is not running. Channels_last, a full-size residual, activations other than None / SiLU and plans that leave SMs
+idle (MIN_FILL) stay with the Triton plans (group_norm.py), as does everything off sm_90 with triton 3.6
 (the release this Gluon code is written and measured against). The math matches _kernels.py's forward (fp32
 statistics, s rounded to x's dtype like torch's add) and glu.py's SiLU (MUFU ex2 and rcp). Measured on an H200
 (session 18): 65-76% of copy at SD's large NCHW levels, where the Triton plans reach 53-56%.
@@ -27,9 +33,11 @@ statistics, s rounded to x's dtype like torch's add) and glu.py's SiLU (MUFU ex2
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import torch
 
-from .._triton import LaunchCache, cdiv, sm_count
+from .._triton import LaunchCache, cdiv, next_power_of_2, sm_count
 from ..attention.flash_fwd_hopper import available, bind_cuda_context, gluon, host_descriptor
 
 if gluon is not None:
@@ -43,9 +51,8 @@ SLOTS = 28                        # 224 KB of ring (227 KB is the sm_90 limit; b
 # default partition gets what is left) take the groups in turn, plus the one-warp loader (PARTS = 1, one partition
 # of 8 warps on 16 KB tiles with 160 registers: 59.7 vs 52.5 us at (16, 640, 64, 64), session 18).
 PARTS, COMPUTE_WARPS, COMPUTE_REGS, LOADER_REGS = 2, 8, 112, 40
-# Below one group per SM (SD's (2, 320, 64, 64): 64 groups) the Triton plans, which split groups over programs,
-# measured faster (8.0 vs 9.8 us there).
-MIN_GROUPS_PER_SM = 1
+# Least share of the SMs' rounds x chunk tiles holding tiles (as _hopper_fwd_cl.py); K chunks per group, at most.
+MIN_FILL, K_PAD_MAX = 0.9, 64
 ACTIVATIONS = ("none", "silu")    # codes 0 and 1, as group_norm.ACTIVATIONS
 
 if gluon is not None:
@@ -101,9 +108,9 @@ if gluon is not None:
 
     @gluon.jit
     def _stats(ring, ready, k, p_res_n, ch0, rows, n_tiles, rows_per_group, inv_rows_per_channel, stride_rc,
-               inv_numel, eps, HAS_RESIDUAL: gl.constexpr, HAS_PAD: gl.constexpr, TILE_ROWS: gl.constexpr,
+               inv_numel, HAS_RESIDUAL: gl.constexpr, HAS_PAD: gl.constexpr, TILE_ROWS: gl.constexpr,
                TILE_COLS: gl.constexpr, SLOTS: gl.constexpr, tile: gl.constexpr):
-        """mean and rstd of the group in one pass as its tiles arrive (the residual's rows loaded a tile ahead).
+        """mean and M2 (the sum of squared deviations) of the chunk in one pass as its tiles arrive (the residual's rows loaded a tile ahead).
         Each tile position i is a stream of n_i values (one per tile) shifted by its first value c_i: a_i = sum d,
         b_i = sum d^2, d = s - c_i (no cancellation: |d| is of the order of the spread). With e_i = c_i - mean,
             mean = sum_i (n_i c_i + a_i) / M,    M2 = sum (s - mean)^2 = sum_i (b_i + e_i (2 a_i + n_i e_i))."""
@@ -135,59 +142,92 @@ if gluon is not None:
             mean = gl.sum(gl.sum(n_i * c + a, axis=1), axis=0) * inv_numel
             e = c - mean
             m2 = gl.sum(gl.sum(b + e * (2.0 * a + n_i * e), axis=1), axis=0)
-        return mean, gl.rsqrt(gl.maximum(m2, 0.0) * inv_numel + eps)
+        return mean, m2
 
     @gluon.jit
-    def _loader(x_desc, ring, ready, empty, n_groups, rows_per_group, TILE_ROWS: gl.constexpr,
+    def _meet(p_part, p_count_grp, u0, mean, m2, n_chunks, chunk_numel, K_PAD: gl.constexpr, WARPS: gl.constexpr):
+        """Publishes this chunk's (mean, M2) at p_part[(u0 + j) * 2], then a release increment of the group's counter;
+        waits until all n_chunks are in and merges them (equal counts: mean = the chunks' mean of means, M2 = sum M2_k
+        + chunk_numel sum (mean_k - mean)^2), in chunk order; returns the group's (mean, M2)."""
+        j = gl.program_id(0) % n_chunks
+        gl.store(p_part + (u0 + j) * 2, mean)
+        gl.store(p_part + (u0 + j) * 2 + 1, m2)
+        gl.thread_barrier()
+        gl.atomic_add(p_count_grp, 1, sem="release", scope="gpu")
+        arrived = gl.atomic_add(p_count_grp, 0, sem="acquire", scope="gpu")
+        while arrived < n_chunks:
+            arrived = gl.atomic_add(p_count_grp, 0, sem="acquire", scope="gpu")
+        gl.thread_barrier()
+        kl: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        ok = gl.arange(0, K_PAD, layout=kl)
+        p = p_part + (u0 + ok) * 2
+        mean_k = gl.load(p, mask=ok < n_chunks, other=0.0, cache_modifier=".cg")
+        m2_k = gl.load(p + 1, mask=ok < n_chunks, other=0.0, cache_modifier=".cg")
+        mean = gl.sum(mean_k, axis=0) / n_chunks
+        dev = gl.where(ok < n_chunks, mean_k - mean, 0.0)
+        return mean, gl.sum(m2_k, axis=0) + chunk_numel * gl.sum(dev * dev, axis=0)
+
+    @gluon.jit
+    def _loader(x_desc, ring, ready, empty, n_groups, n_chunks, per_round, rows_per_group, TILE_ROWS: gl.constexpr,
                 SLOTS: gl.constexpr):
-        """Streams this program's groups tile by tile into the ring; tile k of the program goes to slot k % SLOTS
-        once the compute warps released the tile k - SLOTS that was there (the slots start free)."""
+        """Streams this program's chunk of each of its groups tile by tile into the ring; tile k of the program goes to
+        slot k % SLOTS once the compute warps released the tile k - SLOTS that was there (the slots start free)."""
         n_tiles = gl.cdiv(rows_per_group, TILE_ROWS)
+        pid = gl.program_id(0)
         k = 0
-        for grp in range(gl.program_id(0), n_groups, gl.num_programs(0)):
+        for grp in range(pid // n_chunks, n_groups, per_round):
+            u = grp * n_chunks + pid % n_chunks
             for t in range(n_tiles):
                 slot = k % SLOTS
                 mbarrier.wait(empty.index(slot), ((k // SLOTS) & 1) ^ 1)
                 mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes)
                 box = ring.index(slot)._reinterpret(ring.dtype, x_desc.block_type.shape, x_desc.layout)
-                tma.async_copy_global_to_shared(x_desc, [grp, t * TILE_ROWS, 0], ready.index(slot), box)
+                tma.async_copy_global_to_shared(x_desc, [u, t * TILE_ROWS, 0], ready.index(slot), box)
                 k += 1
 
     @gluon.jit
-    def _compute(ring, ready, empty, p_res, p_w, p_b, p_y, p_mean, p_rstd, n_groups, groups, cpg,
-                 rows_per_group, inv_rows_per_channel, stride_rn, stride_rc, inv_numel, eps,
+    def _compute(ring, ready, empty, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_count, n_groups, groups, cpg,
+                 n_chunks, per_round, rows_per_group, inv_rows_per_channel, stride_rn, stride_rc, inv_numel, eps,
                  HAS_RESIDUAL: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr,
-                 ACTIVATION: gl.constexpr, HAS_PAD: gl.constexpr, TILE_ROWS: gl.constexpr,
+                 ACTIVATION: gl.constexpr, HAS_PAD: gl.constexpr, MEET: gl.constexpr, K_PAD: gl.constexpr,
+                 TILE_ROWS: gl.constexpr,
                  TILE_COLS: gl.constexpr, SLOTS: gl.constexpr, WARPS: gl.constexpr, PART: gl.constexpr,
                  PARTS: gl.constexpr):
-        """The passes over each group held in the ring (see the module docstring): of this program's groups
-        i = 0, 1, ... (group pid + i * programs, tiles i * T .. i * T + T - 1 of the ring's sequence), those with
-        i % PARTS == PART."""
+        """The passes over each chunk held in the ring (see the module docstring): of this program's groups
+        i = 0, 1, ... (group pid // K + i * per_round, its chunk pid % K: tiles i * T .. i * T + T - 1 of the ring's
+        sequence), those with i % PARTS == PART."""
         VEC: gl.constexpr = TILE_COLS // 32
         tile: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS, 1], [1, 0])   # a warp reads whole rows
         dtype: gl.constexpr = ring.dtype
         rows = gl.arange(0, TILE_ROWS, layout=gl.SliceLayout(1, tile))                 # [TILE_ROWS]
         cols = gl.arange(0, TILE_COLS, layout=gl.SliceLayout(0, tile))                 # [TILE_COLS]
         n_tiles = gl.cdiv(rows_per_group, TILE_ROWS)
-        pid, programs = gl.program_id(0), gl.num_programs(0)
-        for i in range(PART, gl.cdiv(n_groups - pid, programs), PARTS):
-            grp = pid + i * programs
+        pid = gl.program_id(0)
+        first, j = pid // n_chunks, pid % n_chunks
+        for i in range(PART, gl.cdiv(n_groups - first, per_round), PARTS):
+            grp = first + i * per_round
+            u = grp * n_chunks + j                             # the chunk: rows u * rows_per_group.. of [N C rows/ch]
             k = i * n_tiles
             n = grp // groups
-            ch0 = (grp - n * groups) * cpg                     # the group's first channel
+            ch0 = (grp - n * groups) * cpg + j * (cpg // n_chunks)       # the chunk's first channel
             # the affine's rows are loaded two tiles ahead, the first two before the statistics: loaded in place
             # (or one tile ahead), their latency measured as the kernel's largest stall (ncu, session 18)
             w_1, b_1 = _affine_rows(p_w, p_b, ch0, rows, inv_rows_per_channel, rows_per_group, HAS_WEIGHT, HAS_BIAS,
                                     TILE_ROWS, tile)
             w_2, b_2 = _affine_rows(p_w, p_b, ch0, TILE_ROWS + rows, inv_rows_per_channel, rows_per_group, HAS_WEIGHT,
                                     HAS_BIAS, TILE_ROWS, tile)
-            mean, rstd = _stats(ring, ready, k, p_res + n * stride_rn, ch0, rows, n_tiles, rows_per_group,
-                                inv_rows_per_channel, stride_rc, inv_numel, eps, HAS_RESIDUAL, HAS_PAD, TILE_ROWS,
-                                TILE_COLS, SLOTS, tile)
-            gl.store(p_mean + grp, mean)
-            gl.store(p_rstd + grp, rstd)
+            mean, m2 = _stats(ring, ready, k, p_res + n * stride_rn, ch0, rows, n_tiles, rows_per_group,
+                              inv_rows_per_channel, stride_rc, inv_numel, HAS_RESIDUAL, HAS_PAD, TILE_ROWS,
+                              TILE_COLS, SLOTS, tile)
+            if MEET:
+                mean, m2 = _meet(p_part, p_count + grp, grp * n_chunks, mean, m2, n_chunks,
+                                 rows_per_group * TILE_COLS * 1.0, K_PAD, WARPS)
+            rstd = gl.rsqrt(gl.maximum(m2, 0.0) * (inv_numel / n_chunks) + eps)
+            if j == 0:
+                gl.store(p_mean + grp, mean)
+                gl.store(p_rstd + grp, rstd)
             # pass 3: normalize, activate, store; each slot released once every warp has read it
-            base = grp.to(gl.int64) * rows_per_group * TILE_COLS
+            base = u.to(gl.int64) * rows_per_group * TILE_COLS
             for t in range(n_tiles):
                 slot = (k + t) % SLOTS
                 s = ring.index(slot).load(tile).to(gl.float32)
@@ -213,10 +253,10 @@ if gluon is not None:
 
     @gluon.jit
     def _group_norm_fwd_hopper_kernel(
-            x_desc, p_res, p_w, p_b, p_y, p_mean, p_rstd, n_groups, groups, cpg, rows_per_group, inv_rows_per_channel,
-            stride_rn, stride_rc, inv_numel, eps,
+            x_desc, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_count, n_groups, groups, cpg, n_chunks, per_round,
+            rows_per_group, inv_rows_per_channel, stride_rn, stride_rc, inv_numel, eps,
             HAS_RESIDUAL: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
-            HAS_PAD: gl.constexpr, TILE_ROWS: gl.constexpr, TILE_COLS: gl.constexpr,
+            HAS_PAD: gl.constexpr, MEET: gl.constexpr, K_PAD: gl.constexpr, TILE_ROWS: gl.constexpr, TILE_COLS: gl.constexpr,
             SLOTS: gl.constexpr, SMEM: gl.constexpr, WARPS: gl.constexpr, PARTS: gl.constexpr,
             COMPUTE_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
         ring = gl.allocate_shared_memory(x_desc.dtype, [SLOTS, TILE_ROWS, TILE_COLS], SMEM)
@@ -227,20 +267,23 @@ if gluon is not None:
             mbarrier.init(empty.index(i), count=1)
         if PARTS == 1:
             gl.warp_specialize([
-                (_compute, (ring, ready, empty, p_res, p_w, p_b, p_y, p_mean, p_rstd, n_groups, groups, cpg, rows_per_group,
-                                   inv_rows_per_channel, stride_rn, stride_rc, inv_numel, eps, HAS_RESIDUAL, HAS_WEIGHT,
-                                   HAS_BIAS, ACTIVATION, HAS_PAD, TILE_ROWS, TILE_COLS, SLOTS, WARPS, 0, 1)),
-                (_loader, (x_desc, ring, ready, empty, n_groups, rows_per_group, TILE_ROWS, SLOTS)),
+                (_compute, (ring, ready, empty, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_count, n_groups, groups, cpg,
+                            n_chunks, per_round, rows_per_group, inv_rows_per_channel, stride_rn, stride_rc, inv_numel,
+                            eps, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_PAD, MEET, K_PAD, TILE_ROWS,
+                            TILE_COLS, SLOTS, WARPS, 0, 1)),
+                (_loader, (x_desc, ring, ready, empty, n_groups, n_chunks, per_round, rows_per_group, TILE_ROWS, SLOTS)),
             ], [1], [LOADER_REGS])
         else:   # two compute partitions take the groups in turn: one's statistics beside the other's pass 3
             gl.warp_specialize([
-                (_compute, (ring, ready, empty, p_res, p_w, p_b, p_y, p_mean, p_rstd, n_groups, groups, cpg, rows_per_group,
-                                   inv_rows_per_channel, stride_rn, stride_rc, inv_numel, eps, HAS_RESIDUAL, HAS_WEIGHT,
-                                   HAS_BIAS, ACTIVATION, HAS_PAD, TILE_ROWS, TILE_COLS, SLOTS, WARPS, 0, 2)),
-                (_compute, (ring, ready, empty, p_res, p_w, p_b, p_y, p_mean, p_rstd, n_groups, groups, cpg, rows_per_group,
-                                   inv_rows_per_channel, stride_rn, stride_rc, inv_numel, eps, HAS_RESIDUAL, HAS_WEIGHT,
-                                   HAS_BIAS, ACTIVATION, HAS_PAD, TILE_ROWS, TILE_COLS, SLOTS, WARPS, 1, 2)),
-                (_loader, (x_desc, ring, ready, empty, n_groups, rows_per_group, TILE_ROWS, SLOTS)),
+                (_compute, (ring, ready, empty, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_count, n_groups, groups, cpg,
+                            n_chunks, per_round, rows_per_group, inv_rows_per_channel, stride_rn, stride_rc, inv_numel,
+                            eps, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_PAD, MEET, K_PAD, TILE_ROWS,
+                            TILE_COLS, SLOTS, WARPS, 0, 2)),
+                (_compute, (ring, ready, empty, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_count, n_groups, groups, cpg,
+                            n_chunks, per_round, rows_per_group, inv_rows_per_channel, stride_rn, stride_rc, inv_numel,
+                            eps, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_PAD, MEET, K_PAD, TILE_ROWS,
+                            TILE_COLS, SLOTS, WARPS, 1, 2)),
+                (_loader, (x_desc, ring, ready, empty, n_groups, n_chunks, per_round, rows_per_group, TILE_ROWS, SLOTS)),
             ], [WARPS, 1], [COMPUTE_REGS, LOADER_REGS])
 
     _launch = LaunchCache(_group_norm_fwd_hopper_kernel)
@@ -253,25 +296,53 @@ def _tile_cols(x: torch.Tensor) -> int:
     return ROW_BYTES // x.element_size()
 
 
+class Plan(NamedTuple):
+    n_chunks: int       # K programs per group, each on cpg / K whole channels
+    chunk_rows: int     # 512-byte rows per chunk
+    per_round: int      # groups per round: the grid is per_round * n_chunks <= SMs
+
+
+def plan(n: int, c: int, hw: int, groups: int, element_size: int, sms: int, max_tiles: int = SLOTS,
+         min_fill: float = None) -> Optional[Plan]:
+    """Chunks of NCHW groups for this kernel and _hopper_bwd.py: the K dividing cpg that minimises rounds x chunk tiles
+    (the busiest program's share), ties to fewer chunks, with at most max_tiles tiles per chunk. None when HW is not a
+    multiple of a 512-byte row, no K fits, or the plan would leave more than 1 - min_fill (default MIN_FILL) of the
+    SMs' time idle."""
+    min_fill = MIN_FILL if min_fill is None else min_fill
+    cols = ROW_BYTES // element_size
+    tile_rows = TILE_BYTES // ROW_BYTES
+    if hw % cols:
+        return None
+    cpg, rows_per_channel, n_groups = c // groups, hw // cols, n * groups
+    best = None
+    for k in range(1, min(cpg, K_PAD_MAX, sms) + 1):
+        tiles = cdiv(cpg // k * rows_per_channel, tile_rows)
+        if cpg % k or tiles > max_tiles:
+            continue
+        per_round = min(sms // k, n_groups)
+        cost = cdiv(n_groups, per_round) * tiles
+        if best is None or cost < best[0]:
+            best = (cost, Plan(k, cpg // k * rows_per_channel, per_round))
+    if best is None or n_groups * cpg * rows_per_channel < min_fill * best[0] * tile_rows * sms:
+        return None
+    return best[1]
+
+
 def eligible(x: torch.Tensor, num_groups: int, activation: str, residual_strides, y: torch.Tensor) -> bool:
-    """Whether this kernel runs the forward of x (N, C, *spatial) into y: contiguous NCHW x and y, 16-byte
-    aligned, fp16 / bf16 / fp32, HW a multiple of TILE_COLS, the group within the ring, no residual or one broadcast over the pixels
-    (residual_strides: the expanded residual's (stride_n, stride_c, stride_hw), or None), activation None / SiLU,
-    on sm_90 with triton 3.6."""
+    """Whether this kernel runs the forward of x (N, C, *spatial) into y: contiguous NCHW x and y, 16-byte aligned,
+    fp16 / bf16 / fp32, a plan (HW a multiple of TILE_COLS, chunks of whole channels within the ring, the SMs filled),
+    no residual or one broadcast over the pixels (residual_strides: the expanded residual's (stride_n, stride_c,
+    stride_hw), or None), activation None / SiLU, on sm_90 with triton 3.6."""
     if activation not in ACTIVATIONS or x.dtype not in _GL_BITS or not available(x.device):
         return False
-    if not x.is_contiguous() or not y.is_contiguous():
+    if not x.is_contiguous() or not y.is_contiguous() or x.numel() == 0:
         return False
     if residual_strides is not None and residual_strides[2] != 0:
         return False
-    n, c = x.shape[0], x.shape[1]
-    hw = x.numel() // max(1, n * c)
-    cols = _tile_cols(x)
-    if hw % cols or x.data_ptr() % 16 or y.data_ptr() % 16 or x.numel() == 0:
+    if x.data_ptr() % 16 or y.data_ptr() % 16:
         return False
-    rows_per_group = c // num_groups * hw // cols
-    return (cdiv(rows_per_group, TILE_BYTES // ROW_BYTES) <= SLOTS
-            and n * num_groups >= MIN_GROUPS_PER_SM * sm_count(x.device))
+    n, c = x.shape[0], x.shape[1]
+    return plan(n, c, x.numel() // (n * c), num_groups, x.element_size(), sm_count(x.device)) is not None
 
 
 def forward(x, num_groups, weight, bias, eps, activation, residual, residual_strides, y, mean, rstd):
@@ -281,21 +352,25 @@ def forward(x, num_groups, weight, bias, eps, activation, residual, residual_str
     hw = x.numel() // (n * c)
     cpg, cols = c // num_groups, _tile_cols(x)
     tile_rows = TILE_BYTES // ROW_BYTES
-    rows_per_group = cpg * hw // cols
+    p = plan(n, c, hw, num_groups, x.element_size(), sm_count(x.device))
     n_groups = n * num_groups
+    units = n_groups * p.n_chunks
+    meet = p.n_chunks > 1
+    part = torch.empty(units * 2 if meet else 1, dtype=torch.float32, device=x.device)
+    count = torch.zeros(n_groups if meet else 1, dtype=torch.int32, device=x.device)
     bits = _GL_BITS[x.dtype]
     box_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=3)
     bind_cuda_context()
-    x_desc = host_descriptor(x, [n_groups, rows_per_group, cols], [rows_per_group * cols, cols, 1],
-                             [1, tile_rows, cols], box_layout)
+    x_desc = host_descriptor(x, [units, p.chunk_rows, cols], [p.chunk_rows * cols, cols, 1], [1, tile_rows, cols],
+                             box_layout)
     dummy = mean
-    _launch((min(n_groups, sm_count(x.device)), ), x_desc, dummy if residual is None else residual,
-            dummy if weight is None else weight, dummy if bias is None else bias, y, mean, rstd, n_groups, num_groups,
-            cpg, rows_per_group, cols / hw, *(residual_strides[:2] if residual is not None else (0, 0)),
-            1.0 / (cpg * hw), float(eps),
+    _launch((p.per_round * p.n_chunks, ), x_desc, dummy if residual is None else residual,
+            dummy if weight is None else weight, dummy if bias is None else bias, y, mean, rstd, part, count, n_groups,
+            num_groups, cpg, p.n_chunks, p.per_round, p.chunk_rows, cols / hw,
+            *(residual_strides[:2] if residual is not None else (0, 0)), 1.0 / (p.chunk_rows * cols), float(eps),
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            ACTIVATION=ACTIVATIONS.index(activation), HAS_PAD=rows_per_group % tile_rows != 0, TILE_ROWS=tile_rows,
-            TILE_COLS=cols, SLOTS=SLOTS, SMEM=gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2),
-            WARPS=COMPUTE_WARPS, PARTS=PARTS, COMPUTE_REGS=COMPUTE_REGS, LOADER_REGS=LOADER_REGS,
-            num_warps=COMPUTE_WARPS)
+            ACTIVATION=ACTIVATIONS.index(activation), HAS_PAD=p.chunk_rows % tile_rows != 0, MEET=meet,
+            K_PAD=next_power_of_2(p.n_chunks), TILE_ROWS=tile_rows, TILE_COLS=cols, SLOTS=SLOTS,
+            SMEM=gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2), WARPS=COMPUTE_WARPS,
+            PARTS=PARTS, COMPUTE_REGS=COMPUTE_REGS, LOADER_REGS=LOADER_REGS, num_warps=COMPUTE_WARPS)
     return y, mean, rstd
