@@ -6,7 +6,8 @@ embedding temb of shape (N, C, 1, 1)) in one kernel per direction instead of fou
 x is (N, C, *spatial): NCHW contiguous, channels_last, (N, C, L) or any layout whose spatial dims flatten to
 one stride, read in place through (stride_n, stride_c, stride_hw); y comes out in x's layout
 (``torch.empty_like``), never copied. The math and the kernels are in ``group_norm_details/_kernels.py``
-(CHUNKED mode: ``_chunked*.py``; on Hopper the NCHW forward of groups up to ~220 KB: ``_hopper_fwd.py``, Gluon);
+(CHUNKED mode: ``_chunked*.py``; on Hopper, in Gluon: the NCHW forward ``_hopper_fwd.py`` and backward
+``_hopper_bwd.py``, the channels_last forward ``_hopper_fwd_cl.py``);
 this file holds the launch plan, the launchers, the torch.library ops and the public function.
 
 Layers: kernels -> launchers ``group_norm_forward`` / ``group_norm_backward`` -> torch.library ops
@@ -108,9 +109,10 @@ REVERSE_SECOND_PASS = True
 SECOND_PASS_EVICT = ""
 
 
-# The forward of contiguous NCHW groups of up to ~220 KB (SD's (2, 320, 64, 64), (16, 640, 64, 64), (16, 1280, 32, 32))
-# runs group_norm_details/_hopper_fwd.py on sm_90 with triton 3.6: one HBM read of x, the group held in shared
-# memory (see its docstring and eligible); everything else, and the CPU interpreter, takes the plans below.
+# On sm_90 with triton 3.6 the forward of contiguous NCHW x runs group_norm_details/_hopper_fwd.py (one HBM read of x,
+# each group held in shared memory, split over programs that meet where it overflows the ring) and channels_last x
+# _hopper_fwd_cl.py, where their plans fill the SMs (see their eligible); everything else, and the CPU interpreter,
+# takes the plans below.
 HOPPER_FWD = True
 # The backward of contiguous NCHW x with a plan (group_norm_details/_hopper_bwd.py: x and dy read once, groups split
 # over programs that meet) likewise.
