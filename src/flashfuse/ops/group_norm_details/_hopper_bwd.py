@@ -42,7 +42,7 @@ if gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-    from ._hopper_fwd import _NEG_LOG2E, _affine_rows, _ex2, _rcp, _row_load
+    from ._hopper_fwd import _NEG_LOG2E, _affine_rows, _ex2, _exchange, _rcp, _row_load
 
 SLOTS = 14                        # x + dy tiles of 8 KB each: 224 KB of ring (227 KB is the sm_90 limit)
 # A chunk's tiles, at most. Chunks of up to half the ring keep both partitions' rounds in flight, but larger chunks
@@ -78,26 +78,6 @@ if gluon is not None:
             s = (s.to(gl.float32) + gl.expand_dims(r, 1)).to(x_ring.dtype)
             x_ring.index(slot).store(s)
         return s.to(gl.float32), dy_ring.index(slot).load(tile).to(gl.float32)
-
-    @gluon.jit
-    def _meet(p_part, p_count_grp, u0, part_g, part_gx, n_chunks, K_PAD: gl.constexpr, WARPS: gl.constexpr):
-        """Publishes this chunk's (sum g, sum g x_hat) at p_part[(u0 + j) * 2], then a release increment of the group's
-        counter; waits until all n_chunks are in and returns the group's two sums, added in chunk order."""
-        j = gl.program_id(0) % n_chunks
-        gl.store(p_part + (u0 + j) * 2, part_g)
-        gl.store(p_part + (u0 + j) * 2 + 1, part_gx)
-        gl.thread_barrier()
-        gl.atomic_add(p_count_grp, 1, sem="release", scope="gpu")
-        arrived = gl.atomic_add(p_count_grp, 0, sem="acquire", scope="gpu")
-        while arrived < n_chunks:
-            arrived = gl.atomic_add(p_count_grp, 0, sem="acquire", scope="gpu")
-        gl.thread_barrier()
-        kl: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-        ok = gl.arange(0, K_PAD, layout=kl)
-        p = p_part + (u0 + ok) * 2
-        sum_g = gl.sum(gl.load(p, mask=ok < n_chunks, other=0.0, cache_modifier=".cg"), axis=0)
-        sum_gx = gl.sum(gl.load(p + 1, mask=ok < n_chunks, other=0.0, cache_modifier=".cg"), axis=0)
-        return sum_g, sum_gx
 
     @gluon.jit
     def _loader(x_desc, dy_desc, x_ring, dy_ring, ready, empty, n_groups, n_chunks, per_round, chunk_rows,
@@ -178,7 +158,8 @@ if gluon is not None:
             sum_g = gl.sum(acc_g, axis=0)
             sum_gx = gl.sum(acc_gx, axis=0)
             if MEET:
-                sum_g, sum_gx = _meet(p_part, p_count + grp, grp * n_chunks, sum_g, sum_gx, n_chunks, K_PAD, WARPS)
+                g_k, gx_k, _ = _exchange(p_part, p_count + grp, grp * n_chunks, sum_g, sum_gx, n_chunks, K_PAD, WARPS)
+                sum_g, sum_gx = gl.sum(g_k, axis=0), gl.sum(gx_k, axis=0)             # in chunk order
             c1 = sum_g * inv_numel * rstd                      # dx = (dz w) rstd - x_hat c2 - c1
             c2 = sum_gx * inv_numel * rstd
             # dx; each slot released once every warp of the partition has read it

@@ -33,6 +33,7 @@ statistics, s rounded to x's dtype like torch's add) and glu.py's SiLU (MUFU ex2
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Optional
 
 import torch
@@ -145,26 +146,39 @@ if gluon is not None:
         return mean, m2
 
     @gluon.jit
-    def _meet(p_part, p_count_grp, u0, mean, m2, n_chunks, chunk_numel, K_PAD: gl.constexpr, WARPS: gl.constexpr):
-        """Publishes this chunk's (mean, M2) at p_part[(u0 + j) * 2], then a release increment of the group's counter;
-        waits until all n_chunks are in and merges them (equal counts: mean = the chunks' mean of means, M2 = sum M2_k
-        + chunk_numel sum (mean_k - mean)^2), in chunk order; returns the group's (mean, M2)."""
+    def _arrive_and_wait(p_count, n_arrivals):
+        """The partition's meeting through global memory: after its stores (the barrier), one release increment of the
+        counter p_count, then a spin (acquire) until n_arrivals programs have arrived (the counter starts at 0)."""
+        gl.thread_barrier()
+        gl.atomic_add(p_count, 1, sem="release", scope="gpu")
+        arrived = gl.atomic_add(p_count, 0, sem="acquire", scope="gpu")
+        while arrived < n_arrivals:
+            arrived = gl.atomic_add(p_count, 0, sem="acquire", scope="gpu")
+        gl.thread_barrier()
+
+    @gluon.jit
+    def _exchange(p_part, p_count_grp, u0, a, b, n_chunks, K_PAD: gl.constexpr, WARPS: gl.constexpr):
+        """Publishes this chunk's two fp32 values (a, b) at p_part[(u0 + j) * 2] (j = pid % n_chunks), meets the group's
+        n_chunks programs at p_count_grp, and returns every chunk's (a_k, b_k) [K_PAD] (0 past n_chunks) and the mask of
+        the chunks."""
         j = gl.program_id(0) % n_chunks
-        gl.store(p_part + (u0 + j) * 2, mean)
-        gl.store(p_part + (u0 + j) * 2 + 1, m2)
-        gl.thread_barrier()
-        gl.atomic_add(p_count_grp, 1, sem="release", scope="gpu")
-        arrived = gl.atomic_add(p_count_grp, 0, sem="acquire", scope="gpu")
-        while arrived < n_chunks:
-            arrived = gl.atomic_add(p_count_grp, 0, sem="acquire", scope="gpu")
-        gl.thread_barrier()
+        gl.store(p_part + (u0 + j) * 2, a)
+        gl.store(p_part + (u0 + j) * 2 + 1, b)
+        _arrive_and_wait(p_count_grp, n_chunks)
         kl: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
         ok = gl.arange(0, K_PAD, layout=kl)
         p = p_part + (u0 + ok) * 2
-        mean_k = gl.load(p, mask=ok < n_chunks, other=0.0, cache_modifier=".cg")
-        m2_k = gl.load(p + 1, mask=ok < n_chunks, other=0.0, cache_modifier=".cg")
+        a_k = gl.load(p, mask=ok < n_chunks, other=0.0, cache_modifier=".cg")
+        b_k = gl.load(p + 1, mask=ok < n_chunks, other=0.0, cache_modifier=".cg")
+        return a_k, b_k, ok < n_chunks
+
+    @gluon.jit
+    def _meet(p_part, p_count_grp, u0, mean, m2, n_chunks, chunk_numel, K_PAD: gl.constexpr, WARPS: gl.constexpr):
+        """The group's (mean, M2) from its chunks' (equal counts: mean = the chunks' mean of means, M2 = sum M2_k +
+        chunk_numel sum (mean_k - mean)^2), merged in chunk order."""
+        mean_k, m2_k, m = _exchange(p_part, p_count_grp, u0, mean, m2, n_chunks, K_PAD, WARPS)
         mean = gl.sum(mean_k, axis=0) / n_chunks
-        dev = gl.where(ok < n_chunks, mean_k - mean, 0.0)
+        dev = gl.where(m, mean_k - mean, 0.0)
         return mean, gl.sum(m2_k, axis=0) + chunk_numel * gl.sum(dev * dev, axis=0)
 
     @gluon.jit
@@ -309,7 +323,13 @@ def plan(n: int, c: int, hw: int, groups: int, element_size: int, sms: int, max_
     unless split_to_fill (this forward: split only groups that overflow the ring, as K = 2 at (2, 320, 64, 64), 64
     groups, measured 9.8 us vs 8.2 for the Triton plans, session 24). None when HW is not a multiple of a 512-byte row,
     no K fits, or the plan would leave more than 1 - min_fill (default MIN_FILL) of the SMs' time idle."""
-    min_fill = MIN_FILL if min_fill is None else min_fill
+    return _chunking(n, c, hw, groups, element_size, sms, max_tiles, MIN_FILL if min_fill is None else min_fill,
+                     split_to_fill)
+
+
+@functools.lru_cache(maxsize=1024)
+def _chunking(n, c, hw, groups, element_size, sms, max_tiles, min_fill, split_to_fill) -> Optional[Plan]:
+    """plan(), cached per call signature (eligible and the launcher both ask, every call)."""
     cols = ROW_BYTES // element_size
     tile_rows = TILE_BYTES // ROW_BYTES
     if hw % cols:

@@ -44,7 +44,7 @@ if gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-    from ._hopper_fwd import _NEG_LOG2E, _ex2, _rcp
+    from ._hopper_fwd import _NEG_LOG2E, _arrive_and_wait, _ex2, _rcp
 
 BOX_BYTES = 128                   # a tile row: BOX_C = 128 / element size channels of one pixel (8 lanes x 16 B)
 TILE_P = 64                       # pixels per tile (32-pixel tiles, for C = 1280 in 16 bits where two 64-pixel
@@ -162,12 +162,7 @@ if gluon is not None:
         """Publishes this chunk (its stores, then a release increment of the sample's counter), waits until all
         n_chunks are in and merges their (mean, M2) per group (chunk k: P_k cpg values), K_BLOCK chunks per step
         (Chan's pairwise formula between steps); returns (mean, rstd) [G_PAD]."""
-        gl.thread_barrier()
-        gl.atomic_add(p_count_n, 1, sem="release", scope="gpu")
-        arrived = gl.atomic_add(p_count_n, 0, sem="acquire", scope="gpu")
-        while arrived < n_chunks:
-            arrived = gl.atomic_add(p_count_n, 0, sem="acquire", scope="gpu")
-        gl.thread_barrier()
+        _arrive_and_wait(p_count_n, n_chunks)
         kl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [WARPS, 1], [1, 0])
         og = gl.arange(0, G_PAD, layout=gl.SliceLayout(0, kl))                          # [G_PAD]
         m_g = og < groups
