@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import flashfuse.ops.group_norm as gn_ops
-from flashfuse.ops.group_norm_details import _hopper_bwd, _hopper_fwd, _hopper_fwd_cl
+from flashfuse.ops.group_norm_details import _hopper_bwd, _hopper_bwd_cl, _hopper_fwd, _hopper_fwd_cl
 from flashfuse.nn.group_norm import GroupNormAct
 from flashfuse.ops.group_norm import group_norm
 from test_group_norm import CL, check, leaf, make, poison, rel_err  # noqa: F401  (poison: autouse NaN fills)
@@ -333,6 +333,91 @@ def test_hopper_backward_repeats_and_graph_gpu(monkeypatch):
     temb = torch.randn(16, 640, 1, 1, device="cuda", dtype=BF16)
     y, mean, rstd = gn_ops.group_norm_forward(x, 32, w, b, 1e-6, "silu", temb)
     dy = torch.randn_like(y)
+    grads = gn_ops.group_norm_backward(dy, x, 32, w, b, mean, rstd, "silu", temb)
+    for _ in range(8):
+        again = gn_ops.group_norm_backward(dy, x, 32, w, b, mean, rstd, "silu", temb)
+        assert all(torch.equal(a, g) for a, g in zip(again, grads))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        graphed = gn_ops.group_norm_backward(dy, x, 32, w, b, mean, rstd, "silu", temb)
+    for _ in range(2):
+        for t in graphed:
+            t.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, g) for a, g in zip(graphed, grads))
+
+
+# The channels_last Gluon backward (group_norm_details/_hopper_bwd_cl.py; off in group_norm.HOPPER_BWD_CL until this
+# tier passes): (shape, groups, dtype, weight, bias, residual, activation). Samples split into K = 64, 128, 61, 31, 33
+# chunks that meet, over 1-8 rounds (both compute partitions), K = 1 (no meeting) over 2 rounds, chunks of 2 pixel
+# tiles, a partial last chunk ((8, 320, 61, 64): 61 tiles in chunks of 2), pixel counts not a multiple of the tile
+# (rows of the next sample, or zeros past the tensor, masked), groups across the 64-channel blocks (cpg 10, 20, 40),
+# fp32 (32-channel blocks), a residual broadcast over the samples, no affine, one-channel groups; MIN_FILL off so that
+# the small cases take it too.
+HOPPER_BWD_CL_CASES = [
+    pytest.param((2, 320, 64, 64), 32, BF16, True, True, (2, 320, 1, 1), "silu", id="sd-64"),
+    pytest.param((16, 640, 64, 64), 32, BF16, True, True, (16, 640, 1, 1), "silu", id="sd-64-640-rounds"),
+    pytest.param((8, 320, 128, 128), 32, BF16, True, True, (8, 320, 1, 1), "silu", id="sd-128-two-tile-chunks"),
+    pytest.param((4, 640, 61, 64), 16, F16, True, True, None, "silu", id="cpg40"),
+    pytest.param((8, 320, 61, 64), 32, BF16, True, False, (8, 320, 1, 1), None, id="partial-last-chunk"),
+    pytest.param((8, 128, 44, 47), 8, BF16, False, False, None, "silu", id="pad-2068-pixels"),
+    pytest.param((8, 64, 44, 47), 4, torch.float32, True, False, (64, 1, 1), "silu", id="fp32-pad"),
+    pytest.param((5, 64, 39, 39), 64, F16, True, True, None, None, id="one-channel-groups"),
+    pytest.param((200, 64, 8, 8), 8, F16, True, True, (200, 64, 1, 1), "silu", id="k1-rounds"),
+]
+
+
+def _backward_cl(t, groups, activation, dy):
+    """(y, (dx, dw, db, dresidual)) of group_norm through autograd with the cotangent dy (channels_last)."""
+    leaves = {k: leaf(v) for k, v in t.items()}
+    y = group_norm(leaves["x"], groups, leaves["weight"], leaves["bias"], 1e-6, activation, leaves["residual"])
+    y.backward(dy)
+    return y, tuple(None if leaves[k] is None else leaves[k].grad for k in ("x", "weight", "bias", "residual"))
+
+
+@pytest.mark.parametrize("shape, groups, dtype, weight, bias, residual, activation", HOPPER_BWD_CL_CASES)
+def test_hopper_backward_channels_last_gpu(monkeypatch, shape, groups, dtype, weight, bias, residual, activation):
+    """The channels_last Gluon backward where it is available (sm_90, triton 3.6; elsewhere the Triton plans, counted
+    as such), with a channels_last cotangent (as a channels_last network passes it): every gradient against float64
+    with a shifted mean, dx in x's layout, and the gradients equal to the Triton plans' within one rounding."""
+    monkeypatch.setattr(gn_ops, "HOPPER_BWD_CL", True)
+    monkeypatch.setattr(_hopper_bwd_cl, "MIN_FILL", 0.0)
+    calls = []
+    backward = _hopper_bwd_cl.backward
+    monkeypatch.setattr(_hopper_bwd_cl, "backward", lambda *a: calls.append(1) or backward(*a))
+    t = make(shape, dtype, "cuda", layout=CL, weight=weight, bias=bias, residual=residual, shift=3.0)
+    dy = torch.randn(shape, device="cuda").to(dtype).to(memory_format=CL)
+    y, grads = _backward_cl(t, groups, activation, dy)
+    assert len(calls) == (1 if _hopper_bwd_cl.available(torch.device("cuda")) else 0)
+    _, grads_ref = _backward_cl({k: None if v is None else v.double() for k, v in t.items()}, groups, activation,
+                                dy.double())
+    tol = TOL.get(dtype, 1e-5)
+    assert grads[0].stride() == t["x"].stride(), "dx must keep x's layout"
+    for name, ours, ref in zip(("dx", "dw", "db", "dresidual"), grads, grads_ref):
+        assert (ours is None) == (ref is None), name
+        if ours is not None:
+            assert torch.isfinite(ours).all(), f"non-finite {name}"
+            assert rel_err(ours, ref) < tol, f"{name} rel err {rel_err(ours, ref):.2e}"
+    monkeypatch.setattr(gn_ops, "HOPPER_BWD_CL", False)
+    _, grads_triton = _backward_cl(t, groups, activation, dy)
+    assert len(calls) == (1 if _hopper_bwd_cl.available(torch.device("cuda")) else 0)
+    for ours, theirs in zip(grads, grads_triton):
+        if ours is not None:
+            assert rel_err(ours, theirs) < tol
+
+
+def test_hopper_backward_channels_last_repeats_and_graph_gpu(monkeypatch):
+    """Over several rounds of meetings the channels_last Gluon backward gives the same bits run after run (the chunks'
+    sums are added in chunk order, dw / db / dresidual by torch), and its launch (the zeroed meeting counters
+    included) replays in a CUDA graph."""
+    monkeypatch.setattr(gn_ops, "HOPPER_BWD_CL", True)
+    x = (torch.randn(16, 640, 64, 64, device="cuda", dtype=BF16) * 2 + 1).to(memory_format=CL)
+    w, b = torch.randn(640, device="cuda"), torch.randn(640, device="cuda")
+    temb = torch.randn(16, 640, 1, 1, device="cuda", dtype=BF16)
+    y, mean, rstd = gn_ops.group_norm_forward(x, 32, w, b, 1e-6, "silu", temb)
+    dy = torch.randn_like(y)
+    assert dy.is_contiguous(memory_format=CL)
     grads = gn_ops.group_norm_backward(dy, x, 32, w, b, mean, rstd, "silu", temb)
     for _ in range(8):
         again = gn_ops.group_norm_backward(dy, x, 32, w, b, mean, rstd, "silu", temb)

@@ -55,16 +55,19 @@ if gluon is not None:
     _MAX_EXP2 = gl.constexpr(126.0)    # glu.py's clamp: exp(-z) stays finite, so e s below is never inf * 0
 
     @gluon.jit
+    def _silu_grad(z, dy):
+        """dy SiLU'(z) = dy sig (1 + z e sig), e = exp(-z), sig = 1 / (1 + e) (1 - sig = e sig: no cancellation)."""
+        e = _ex2(gl.minimum(z * _NEG_LOG2E, _MAX_EXP2))
+        sig = _rcp(1.0 + e)
+        return dy * (sig * (1.0 + z * (e * sig)))
+
+    @gluon.jit
     def _grad(s, dy, mean_rstd, rstd, w_row, b_row, ACTIVATION: gl.constexpr):
-        """x_hat = (s - mean) rstd and dz = dy act'(z), z = x_hat w + b (fp32 [TILE_ROWS, TILE_COLS]);
-        SiLU' = sig (1 + z e sig), e = exp(-z), sig = 1 / (1 + e) (1 - sig = e sig: no cancellation)."""
+        """x_hat = (s - mean) rstd and dz = dy act'(z), z = x_hat w + b (fp32 [TILE_ROWS, TILE_COLS])."""
         x_hat = s * rstd - mean_rstd
         dz = dy
         if ACTIVATION == 1:
-            z = x_hat * gl.expand_dims(w_row, 1) + gl.expand_dims(b_row, 1)
-            e = _ex2(gl.minimum(z * _NEG_LOG2E, _MAX_EXP2))
-            sig = _rcp(1.0 + e)
-            dz = dy * (sig * (1.0 + z * (e * sig)))
+            dz = _silu_grad(x_hat * gl.expand_dims(w_row, 1) + gl.expand_dims(b_row, 1), dy)
         return x_hat, dz
 
     @gluon.jit
