@@ -212,7 +212,7 @@ def test_hopper_channels_last_plan():
             assert n * hw >= cl.MIN_FILL * rounds * p.chunk_px * 132
 
 
-def test_hopper_channels_last_backward_plan():
+def test_hopper_channels_last_backward_plan(monkeypatch):
     """The channels_last Gluon backward's plan on 132 SMs (pure Python, no GPU): chunks of whole pixel tiles x all
     channel blocks that cover HW, at most MAX_CHUNK_TILES (x + dy) tiles within the ring, a sample's programs all in
     one round, and at least MIN_FILL of the SMs' time on pixels; None where one pixel tile of all C overflows that
@@ -232,6 +232,9 @@ def test_hopper_channels_last_backward_plan():
             assert n * hw >= cl.MIN_FILL * rounds * p.chunk_px * 132
             tables = cl._tables_bytes(n_cb, size)
             assert p.slots * (2 * cl.TILE_P * cl.BOX_BYTES + 16) + tables + cl.SCRATCH_BYTES <= cl.SMEM_BYTES
+    # the plan is cached per call signature, MIN_FILL read on each call (the GPU tests turn it off)
+    monkeypatch.setattr(cl, "MIN_FILL", 0.0)
+    assert cl.plan(2, 640, 1024, 2, 132).n_chunks == 16
 
 
 def test_hopper_forward_plan():

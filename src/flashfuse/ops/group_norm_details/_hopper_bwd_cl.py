@@ -24,7 +24,7 @@ The Triton plans read x and dy twice (the group sums, then dx). As in _hopper_fw
 
 The per-chunk sums [N, K, 3, C] (S_dz, S_dzx, the time embedding's gradient) are reduced by torch: dw, db over
 (N, K), dresidual over K. Chunks of at most MAX_CHUNK_TILES tiles may fill more than half the ring (SD's C = 640:
-10 of 12 slots), so the loader streams a partition's next chunk only as the other's dx pass frees slots; larger
+10 of 11 slots), so the loader streams a partition's next chunk only as the other's dx pass frees slots; larger
 chunks (fewer rounds and meetings) measured faster in the NCHW backward (_hopper_bwd.py, session 24). Boxes past a
 sample's pixels hold the next sample's (or TMA's zeros): masked in the sums (HAS_PAD) and the dx stores. Program pid
 holds chunk pid % K of the samples pid // K, pid // K + S, ... (S = SMs // K samples per round): all K programs of a
@@ -57,6 +57,9 @@ if gluon is not None:
 TILE_P = 64                       # pixels per tile: x + dy boxes of 2 x 8 KB per slot
 SCRATCH_BYTES = 4096              # beside the ring and the tables: barriers and the reductions' scratch
 MAX_CHUNK_TILES = 10              # a chunk's (x + dy) tiles, at most (as _hopper_bwd.py)
+MAX_GROUPS = 64                   # the per-group vectors sit whole in each warp (8 values a thread at 64 groups; at
+                                  # 320-640 groups they spilled 11-25 KB a thread, offline ptxas, session 25)
+MEET_ELEMENTS = 2048              # chunks x groups summed per step of the meeting (8 values per thread)
 N_SUMS = 3                        # per chunk and channel: S_dz, S_dzx, the time embedding's gradient
 
 if gluon is not None:
@@ -197,7 +200,9 @@ if gluon is not None:
         gl.store(p_part_n + (j * groups + og) * 2, g, mask=og < groups)
         gl.store(p_part_n + (j * groups + og) * 2 + 1, gx, mask=og < groups)
         _arrive_and_wait(p_count_n, n_chunks)
-        kl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [WARPS, 1], [1, 0])
+        # chunks across the lanes, groups across the warps: the sums over chunks stay within a warp (no scratch in
+        # shared memory, which a cross-warp sum needs per group: at 128+ groups it overflowed the ring's budget)
+        kl: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, WARPS], [0, 1])
         og = gl.arange(0, G_PAD, layout=gl.SliceLayout(0, kl))                          # [G_PAD]
         g = gl.zeros([G_PAD], gl.float32, gl.SliceLayout(0, kl))
         gx = gl.zeros([G_PAD], gl.float32, gl.SliceLayout(0, kl))
@@ -370,12 +375,17 @@ def _tables_bytes(n_cb: int, element_size: int) -> int:
     return next_power_of_2(n_cb) * box_c * (PARTS * (4 * 4 + element_size) + 2 * 4)
 
 
-@functools.lru_cache(maxsize=1024)
 def plan(n: int, c: int, hw: int, element_size: int, sms: int) -> Optional[Plan]:
     """The chunking of at most MAX_CHUNK_TILES tiles (t pixel tiles x all channel blocks) that minimises rounds x chunk
     pixels (the busiest program's share), ties to fewer rounds. None when C is not a multiple of a 128-byte channel
     block, one pixel tile of all C overflows MAX_CHUNK_TILES or the ring, a sample needs more programs than there are
     SMs, or the plan would leave more than 1 - MIN_FILL of the SMs' time idle."""
+    return _chunking(n, c, hw, element_size, sms, MIN_FILL)
+
+
+@functools.lru_cache(maxsize=1024)
+def _chunking(n: int, c: int, hw: int, element_size: int, sms: int, min_fill: float) -> Optional[Plan]:
+    """plan(), cached per call signature (eligible and the launcher both ask, every call)."""
     box_c = BOX_BYTES // element_size
     if c % box_c:
         return None
@@ -392,7 +402,7 @@ def plan(n: int, c: int, hw: int, element_size: int, sms: int) -> Optional[Plan]
         cost = (rounds * t, rounds)
         if best is None or cost < best[0]:
             best = (cost, Plan(slots, t * TILE_P, k, per_round))
-    if best is None or n * hw < MIN_FILL * best[0][0] * TILE_P * sms:
+    if best is None or n * hw < min_fill * best[0][0] * TILE_P * sms:
         return None
     return best[1]
 
@@ -400,11 +410,12 @@ def plan(n: int, c: int, hw: int, element_size: int, sms: int) -> Optional[Plan]
 def eligible(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, num_groups: int, activation: str,
              residual_strides) -> bool:
     """Whether this kernel runs the backward of x: 4-D channels_last x, dy and dx (dense), 16-byte aligned, fp16 / bf16
-    / fp32, a plan (see plan), no residual or one broadcast over the pixels (residual_strides: the expanded residual's
-    (stride_n, stride_c, stride_hw), or None), activation None / SiLU, on sm_90 with triton 3.6."""
+    / fp32, at most MAX_GROUPS groups, a plan (see plan), no residual or one broadcast over the pixels
+    (residual_strides: the expanded residual's (stride_n, stride_c, stride_hw), or None; in x's dtype, as group_norm
+    checks), activation None / SiLU, on sm_90 with triton 3.6."""
     if activation not in ACTIVATIONS or x.dtype not in _GL_BITS or dy.dtype != x.dtype or x.dim() != 4:
         return False
-    if not available(x.device) or x.numel() == 0 or x.is_contiguous():
+    if num_groups > MAX_GROUPS or not available(x.device) or x.numel() == 0 or x.is_contiguous():
         return False
     cl = torch.channels_last
     if not all(t.is_contiguous(memory_format=cl) for t in (x, dy, dx)):
@@ -446,7 +457,7 @@ def backward(dy, x, residual, residual_strides, weight, bias, mean, rstd, num_gr
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
             HAS_BIAS=bias is not None and activation != "none", ACTIVATION=ACTIVATIONS.index(activation),
             HAS_DRES=compute_dres, HAS_PAD=hw % TILE_P != 0, MEET=meet, TILE_P=TILE_P, N_CB=c // box_c,
-            G_PAD=g_pad, CPG_PAD=next_power_of_2(cpg), K_BLOCK=min(K_BLOCK_MAX, next_power_of_2(p.n_chunks)),
+            G_PAD=g_pad, CPG_PAD=next_power_of_2(cpg), K_BLOCK=min(K_BLOCK_MAX, next_power_of_2(p.n_chunks), max(1, MEET_ELEMENTS // g_pad)),
             N_CB_PAD=next_power_of_2(c // box_c), SLOTS=p.slots, SMEM=layout, WARPS=COMPUTE_WARPS, COMPUTE_REGS=COMPUTE_REGS, LOADER_REGS=LOADER_REGS,
             num_warps=COMPUTE_WARPS)
     dw_db = sums[:, :, :2].sum((0, 1)) if compute_dw or compute_db else None                     # [2, C]
