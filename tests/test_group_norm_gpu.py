@@ -10,6 +10,7 @@ import flashfuse.ops.group_norm as gn_ops
 from flashfuse.ops.group_norm_details import _hopper_bwd, _hopper_bwd_cl, _hopper_fwd, _hopper_fwd_cl
 from flashfuse.nn.group_norm import GroupNormAct
 from flashfuse.ops.group_norm import group_norm
+from flashfuse.reference.group_norm import group_norm_ref
 from test_group_norm import CL, check, leaf, make, poison, rel_err  # noqa: F401  (poison: autouse NaN fills)
 
 pytestmark = pytest.mark.gpu
@@ -368,10 +369,10 @@ HOPPER_BWD_CL_CASES = [
 ]
 
 
-def _backward_cl(t, groups, activation, dy):
-    """(y, (dx, dw, db, dresidual)) of group_norm through autograd with the cotangent dy (channels_last)."""
+def _backward_cl(t, groups, activation, dy, fn=group_norm):
+    """(y, (dx, dw, db, dresidual)) of fn (group_norm or the reference) through autograd with the cotangent dy."""
     leaves = {k: leaf(v) for k, v in t.items()}
-    y = group_norm(leaves["x"], groups, leaves["weight"], leaves["bias"], 1e-6, activation, leaves["residual"])
+    y = fn(leaves["x"], groups, leaves["weight"], leaves["bias"], 1e-6, activation, leaves["residual"])
     y.backward(dy)
     return y, tuple(None if leaves[k] is None else leaves[k].grad for k in ("x", "weight", "bias", "residual"))
 
@@ -391,7 +392,7 @@ def test_hopper_backward_channels_last_gpu(monkeypatch, shape, groups, dtype, we
     y, grads = _backward_cl(t, groups, activation, dy)
     assert len(calls) == (1 if _hopper_bwd_cl.available(torch.device("cuda")) else 0)
     _, grads_ref = _backward_cl({k: None if v is None else v.double() for k, v in t.items()}, groups, activation,
-                                dy.double())
+                                dy.double(), group_norm_ref)
     tol = TOL.get(dtype, 1e-5)
     assert grads[0].stride() == t["x"].stride(), "dx must keep x's layout"
     for name, ours, ref in zip(("dx", "dw", "db", "dresidual"), grads, grads_ref):
