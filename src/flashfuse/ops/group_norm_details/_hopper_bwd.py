@@ -42,7 +42,7 @@ if gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-    from ._hopper_fwd import _NEG_LOG2E, _affine_rows, _ex2, _exchange, _rcp, _row_load
+    from ._hopper_fwd import _NEG_LOG2E, _affine_rows, _ex2, _exchange, _rcp, _row_load, _store_rows
 
 SLOTS = 14                        # x + dy tiles of 8 KB each: 224 KB of ring (227 KB is the sm_90 limit)
 # A chunk's tiles, at most. Chunks of up to half the ring keep both partitions' rounds in flight, but larger chunks
@@ -184,11 +184,7 @@ if gluon is not None:
                 if HAS_DRES:
                     gl.store(p_dres + row_base + row, gl.sum(dx, axis=1), mask=row < chunk_rows)
                 offs = (row_base + gl.expand_dims(row, 1)).to(gl.int64) * TILE_COLS + gl.expand_dims(cols, 0)
-                if HAS_PAD:
-                    gl.store(p_dx + offs, dx.to(dtype),
-                             mask=gl.expand_dims(row < chunk_rows, 1) & gl.expand_dims(cols >= 0, 0))
-                else:
-                    gl.store(p_dx + offs, dx.to(dtype))
+                _store_rows(p_dx + offs, dx.to(dtype), row, chunk_rows, cols, HAS_PAD)
 
     @gluon.jit
     def _group_norm_bwd_hopper_kernel(

@@ -51,7 +51,7 @@ if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
     from ._hopper_bwd import _silu_grad
-    from ._hopper_fwd import _arrive_and_wait
+    from ._hopper_fwd import _arrive_and_wait, _store_rows
     from ._hopper_fwd_cl import _channel_index, _rows
 
 TILE_P = 64                       # pixels per tile: x + dy boxes of 2 x 8 KB per slot
@@ -309,11 +309,7 @@ if gluon is not None:
                     dx = dz * aw - (x_hat * p1 + p0c)
                     px = t * TILE_P + rows
                     offs = row_base + gl.expand_dims(px.to(gl.int64) * C, 1) + gl.expand_dims(cb * BOX_C + cols, 0)
-                    if HAS_PAD:
-                        gl.store(p_dx + offs, dx.to(dtype),
-                                 mask=gl.expand_dims(px < n_px, 1) & gl.expand_dims(cols >= 0, 0))
-                    else:
-                        gl.store(p_dx + offs, dx.to(dtype))
+                    _store_rows(p_dx + offs, dx.to(dtype), px, n_px, cols, HAS_PAD)
 
     @gluon.jit
     def _group_norm_bwd_hopper_cl_kernel(

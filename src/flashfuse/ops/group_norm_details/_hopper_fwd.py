@@ -73,6 +73,15 @@ if gluon is not None:
                                          pack=1)
 
     @gluon.jit
+    def _store_rows(ptr, value, row, n_rows, cols, HAS_PAD: gl.constexpr):
+        """ptr[...] = value [ROWS, COLS] (a tile of the output, already in its dtype), its rows row [ROWS] past n_rows
+        dropped when the tile may be padded (cols [COLS]: the columns' index, for the mask's shape)."""
+        if HAS_PAD:
+            gl.store(ptr, value, mask=gl.expand_dims(row < n_rows, 1) & gl.expand_dims(cols >= 0, 0))
+        else:
+            gl.store(ptr, value)
+
+    @gluon.jit
     def _affine_rows(p_w, p_b, ch0, row, inv_rows_per_channel, rows_per_group, HAS_WEIGHT: gl.constexpr,
                      HAS_BIAS: gl.constexpr, TILE_ROWS: gl.constexpr, tile: gl.constexpr):
         """(weight, bias) of the tile rows' channels, fp32 [TILE_ROWS] (1 and 0 when absent)."""
@@ -259,11 +268,7 @@ if gluon is not None:
                     e = s * gl.expand_dims(a * _NEG_LOG2E, 1) + gl.expand_dims(b * _NEG_LOG2E, 1)
                     z = z * _rcp(1.0 + _ex2(e))
                 offs = base + gl.expand_dims(row * TILE_COLS, 1) + gl.expand_dims(cols, 0)
-                if HAS_PAD:
-                    gl.store(p_y + offs, z.to(dtype),
-                             mask=gl.expand_dims(row < rows_per_group, 1) & gl.expand_dims(cols >= 0, 0))
-                else:
-                    gl.store(p_y + offs, z.to(dtype))
+                _store_rows(p_y + offs, z.to(dtype), row, rows_per_group, cols, HAS_PAD)
 
     @gluon.jit
     def _group_norm_fwd_hopper_kernel(

@@ -44,7 +44,7 @@ if gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-    from ._hopper_fwd import _NEG_LOG2E, _arrive_and_wait, _ex2, _rcp
+    from ._hopper_fwd import _NEG_LOG2E, _arrive_and_wait, _ex2, _rcp, _store_rows
 
 BOX_BYTES = 128                   # a tile row: BOX_C = 128 / element size channels of one pixel (8 lanes x 16 B)
 TILE_P = 64                       # pixels per tile (32-pixel tiles, for C = 1280 in 16 bits where two 64-pixel
@@ -278,11 +278,7 @@ if gluon is not None:
                         z = z * _rcp(1.0 + _ex2(z * _NEG_LOG2E))
                     row = t * TILE_P + rows
                     offs = row_base + gl.expand_dims(row.to(gl.int64) * c, 1) + gl.expand_dims(ch, 0)
-                    if HAS_PAD:
-                        gl.store(p_y + offs, z.to(ring.dtype),
-                                 mask=gl.expand_dims(row < n_px, 1) & gl.expand_dims(cols >= 0, 0))
-                    else:
-                        gl.store(p_y + offs, z.to(ring.dtype))
+                    _store_rows(p_y + offs, z.to(ring.dtype), row, n_px, cols, HAS_PAD)
 
     @gluon.jit
     def _group_norm_fwd_hopper_cl_kernel(
