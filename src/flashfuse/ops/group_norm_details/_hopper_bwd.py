@@ -72,13 +72,14 @@ if gluon is not None:
 
     @gluon.jit
     def _stage(x_ring, dy_ring, ready, k, r, HAS_RESIDUAL: gl.constexpr, SLOTS: gl.constexpr, tile: gl.constexpr):
-        """Waits for the program's tile k; returns s = x (+ r per row, rounded to x's dtype and written back to the slot
-        for the dx pass) and dy as fp32 [TILE_ROWS, TILE_COLS]."""
+        """Waits for the program's tile k; returns s = x (+ r, broadcast to the tile: [TILE_ROWS, 1] per row here, [1,
+        BOX_C] per column in _hopper_bwd_cl.py; rounded to x's dtype and written back to the slot for the dx pass) and
+        dy as fp32, the tile's shape."""
         slot = k % SLOTS
         mbarrier.wait(ready.index(slot), (k // SLOTS) & 1)
         s = x_ring.index(slot).load(tile)
         if HAS_RESIDUAL:
-            s = (s.to(gl.float32) + gl.expand_dims(r, 1)).to(x_ring.dtype)
+            s = (s.to(gl.float32) + r).to(x_ring.dtype)
             x_ring.index(slot).store(s)
         return s.to(gl.float32), dy_ring.index(slot).load(tile).to(gl.float32)
 
@@ -148,7 +149,7 @@ if gluon is not None:
                                         HAS_BIAS, TILE_ROWS, tile)
                 if HAS_RESIDUAL:
                     r_1 = _row_load(p_res_n, ch0, row + TILE_ROWS, inv_rows_per_channel, chunk_rows, stride_rc)
-                s, dy = _stage(x_ring, dy_ring, ready, k + t, r, HAS_RESIDUAL, SLOTS, tile)
+                s, dy = _stage(x_ring, dy_ring, ready, k + t, gl.expand_dims(r, 1), HAS_RESIDUAL, SLOTS, tile)
                 x_hat, dz = _grad(s, dy, mean_rstd, rstd, w_row, b_row, ACTIVATION)
                 sum_dz = gl.sum(dz, axis=1)                                             # [TILE_ROWS]
                 sum_dzx = gl.sum(dz * x_hat, axis=1)

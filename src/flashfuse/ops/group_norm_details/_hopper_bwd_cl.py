@@ -50,7 +50,7 @@ if gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-    from ._hopper_bwd import _silu_grad
+    from ._hopper_bwd import _silu_grad, _stage
     from ._hopper_fwd import _arrive_and_wait, _store_rows
     from ._hopper_fwd_cl import _channel_index, _rows
 
@@ -122,18 +122,6 @@ if gluon is not None:
         if ACTIVATION == 1:
             dz = _silu_grad(x_hat * w2 + bias2, dy)
         return x_hat, dz
-
-    @gluon.jit
-    def _stage(x_ring, dy_ring, ready, k, r, HAS_RESIDUAL: gl.constexpr, SLOTS: gl.constexpr, lay: gl.constexpr):
-        """Waits for the program's tile k; returns s = x (+ r [1, BOX_C] per column, rounded to x's dtype and written
-        back to the slot for the dx pass) and dy as fp32 [TILE_P, BOX_C]."""
-        slot = k % SLOTS
-        mbarrier.wait(ready.index(slot), (k // SLOTS) & 1)
-        s = x_ring.index(slot).load(lay)
-        if HAS_RESIDUAL:
-            s = (s.to(gl.float32) + r).to(x_ring.dtype)
-            x_ring.index(slot).store(s)
-        return s.to(gl.float32), dy_ring.index(slot).load(lay).to(gl.float32)
 
     @gluon.jit
     def _chunk_sums(x_ring, dy_ring, ready, coef_rows, wb_rows, res_rows, k, p_sums_u, n_pt, n_px, C0: gl.constexpr,
