@@ -441,7 +441,7 @@ def backward(dy, x, residual, residual_strides, weight, bias, mean, rstd, num_gr
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
             HAS_BIAS=bias is not None and activation != "none", ACTIVATION=ACTIVATIONS.index(activation),
             HAS_DRES=compute_dres, HAS_PAD=hw % TILE_P != 0, MEET=meet, TILE_P=TILE_P, N_CB=c // box_c,
-            N_CB_PAD=next_power_of_2(c // box_c), G_PAD=g_pad, CPG_PAD=next_power_of_2(cpg),
+            N_CB_PAD=next_power_of_2(c // box_c), BOX_C=box_c, G_PAD=g_pad, CPG_PAD=next_power_of_2(cpg),
             K_BLOCK=min(K_BLOCK_MAX, next_power_of_2(p.n_chunks), max(1, MEET_ELEMENTS // g_pad)), SLOTS=p.slots,
             SMEM=layout, WARPS=COMPUTE_WARPS, COMPUTE_REGS=COMPUTE_REGS, LOADER_REGS=LOADER_REGS,
             num_warps=COMPUTE_WARPS)
