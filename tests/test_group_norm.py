@@ -230,7 +230,7 @@ def test_hopper_channels_last_backward_plan(monkeypatch):
             assert p.per_round * p.n_chunks <= 132
             rounds = -(-n // p.per_round)
             assert n * hw >= cl.MIN_FILL * rounds * p.chunk_px * 132
-            tables = cl._tables_bytes(n_cb, size)
+            tables = cl._tables_bytes(n_cb, size, cl.PARTS_BWD_CL)
             assert p.slots * (2 * cl.TILE_P * cl.BOX_BYTES + 16) + tables + cl.SCRATCH_BYTES <= cl.SMEM_BYTES
     # the plan is cached per call signature, MIN_FILL read on each call (the GPU tests turn it off)
     monkeypatch.setattr(cl, "MIN_FILL", 0.0)

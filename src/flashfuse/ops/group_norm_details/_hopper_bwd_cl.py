@@ -43,7 +43,7 @@ import torch
 
 from .._triton import LaunchCache, cdiv, next_power_of_2, sm_count
 from ..attention.flash_fwd_hopper import available, bind_cuda_context, gluon, host_descriptor
-from ._hopper_fwd import ACTIVATIONS, COMPUTE_REGS, COMPUTE_WARPS, LOADER_REGS, PARTS
+from ._hopper_fwd import ACTIVATIONS, COMPUTE_REGS, LOADER_REGS
 from ._hopper_fwd_cl import BOX_BYTES, K_BLOCK_MAX, MIN_FILL, SMEM_BYTES
 
 if gluon is not None:
@@ -61,6 +61,9 @@ MAX_GROUPS = 64                   # the per-group vectors sit whole in each warp
                                   # 320-640 groups they spilled 11-25 KB a thread, offline ptxas, session 25)
 MEET_ELEMENTS = 2048              # chunks x groups summed per step of the meeting (8 values per thread)
 N_SUMS = 3                        # per chunk and channel: S_dz, S_dzx, the time embedding's gradient
+# Compute partitions x warps each (beside the one-warp loader). SD's chunks fill the ring, so a second partition's
+# round could only start as the first's dx pass frees slots: PARTS_BWD_CL = 1 gives all the compute warps to one round.
+PARTS_BWD_CL, WARPS_BWD_CL = 1, 16
 
 if gluon is not None:
     # The tables (one [1, BOX_C] row per channel block, N_CB_PAD rows each) are written with one gather and one store
@@ -307,7 +310,7 @@ if gluon is not None:
             HAS_DRES: gl.constexpr, HAS_PAD: gl.constexpr, MEET: gl.constexpr, TILE_P: gl.constexpr,
             N_CB: gl.constexpr, N_CB_PAD: gl.constexpr, BOX_C: gl.constexpr, G_PAD: gl.constexpr,
             CPG_PAD: gl.constexpr, K_BLOCK: gl.constexpr, SLOTS: gl.constexpr, SMEM: gl.constexpr,
-            WARPS: gl.constexpr, COMPUTE_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+            WARPS: gl.constexpr, PARTS: gl.constexpr, COMPUTE_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
         x_ring = gl.allocate_shared_memory(x_desc.dtype, [SLOTS, TILE_P, BOX_C], SMEM)
         dy_ring = gl.allocate_shared_memory(dy_desc.dtype, [SLOTS, TILE_P, BOX_C], SMEM)
         ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
@@ -318,8 +321,8 @@ if gluon is not None:
         # per partition A, B, P1, P0 (fp32) and the residual (x's dtype) of the round's sample; w and b (fp32) of the
         # kernel, written here once, before the partitions start
         flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        coef = gl.allocate_shared_memory(gl.float32, [2 * 4 * N_CB_PAD, BOX_C], flat)
-        res = gl.allocate_shared_memory(x_desc.dtype, [2 * N_CB_PAD if HAS_RESIDUAL else 1, BOX_C], flat)
+        coef = gl.allocate_shared_memory(gl.float32, [PARTS * 4 * N_CB_PAD, BOX_C], flat)
+        res = gl.allocate_shared_memory(x_desc.dtype, [PARTS * N_CB_PAD if HAS_RESIDUAL else 1, BOX_C], flat)
         wb = gl.allocate_shared_memory(gl.float32, [2 * N_CB_PAD if HAS_WEIGHT or HAS_BIAS else 1, BOX_C], flat)
         ch = _channel_index(N_CB_PAD, BOX_C, WARPS)
         if HAS_WEIGHT:
@@ -327,18 +330,28 @@ if gluon is not None:
         if HAS_BIAS:
             wb.slice(N_CB_PAD, N_CB_PAD).store(gl.load(p_b + ch, mask=ch < N_CB * BOX_C, other=0.0).to(gl.float32))
         gl.thread_barrier()
-        gl.warp_specialize([   # two compute partitions take the rounds in turn, one's meeting beside the other's work
-            (_compute, (x_ring, dy_ring, ready, empty, coef, wb, res, p_res, p_w, p_mean, p_rstd, p_dx, p_sums, p_part,
-                        p_scr, p_count, n_samples, hw, groups, cpg, n_chunks, chunk_px, per_round, stride_rn,
-                        stride_rc, inv_numel, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_DRES, HAS_PAD, MEET,
-                        TILE_P, N_CB, N_CB_PAD, BOX_C, G_PAD, CPG_PAD, K_BLOCK, SLOTS, WARPS, 0, 2)),
-            (_compute, (x_ring, dy_ring, ready, empty, coef, wb, res, p_res, p_w, p_mean, p_rstd, p_dx, p_sums, p_part,
-                        p_scr, p_count, n_samples, hw, groups, cpg, n_chunks, chunk_px, per_round, stride_rn,
-                        stride_rc, inv_numel, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_DRES, HAS_PAD, MEET,
-                        TILE_P, N_CB, N_CB_PAD, BOX_C, G_PAD, CPG_PAD, K_BLOCK, SLOTS, WARPS, 1, 2)),
-            (_loader, (x_desc, dy_desc, x_ring, dy_ring, ready, empty, n_samples, hw, n_chunks, chunk_px, per_round,
-                       TILE_P, N_CB, BOX_C, SLOTS)),
-        ], [WARPS, 1], [COMPUTE_REGS, LOADER_REGS])
+        if PARTS == 1:
+            gl.warp_specialize([
+                (_compute, (x_ring, dy_ring, ready, empty, coef, wb, res, p_res, p_w, p_mean, p_rstd, p_dx, p_sums,
+                            p_part, p_scr, p_count, n_samples, hw, groups, cpg, n_chunks, chunk_px, per_round,
+                            stride_rn, stride_rc, inv_numel, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_DRES,
+                            HAS_PAD, MEET, TILE_P, N_CB, N_CB_PAD, BOX_C, G_PAD, CPG_PAD, K_BLOCK, SLOTS, WARPS, 0, 1)),
+                (_loader, (x_desc, dy_desc, x_ring, dy_ring, ready, empty, n_samples, hw, n_chunks, chunk_px,
+                           per_round, TILE_P, N_CB, BOX_C, SLOTS)),
+            ], [1], [LOADER_REGS])
+        else:   # two compute partitions take the rounds in turn, one's meeting beside the other's work
+            gl.warp_specialize([
+                (_compute, (x_ring, dy_ring, ready, empty, coef, wb, res, p_res, p_w, p_mean, p_rstd, p_dx, p_sums,
+                            p_part, p_scr, p_count, n_samples, hw, groups, cpg, n_chunks, chunk_px, per_round,
+                            stride_rn, stride_rc, inv_numel, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_DRES,
+                            HAS_PAD, MEET, TILE_P, N_CB, N_CB_PAD, BOX_C, G_PAD, CPG_PAD, K_BLOCK, SLOTS, WARPS, 0, 2)),
+                (_compute, (x_ring, dy_ring, ready, empty, coef, wb, res, p_res, p_w, p_mean, p_rstd, p_dx, p_sums,
+                            p_part, p_scr, p_count, n_samples, hw, groups, cpg, n_chunks, chunk_px, per_round,
+                            stride_rn, stride_rc, inv_numel, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_DRES,
+                            HAS_PAD, MEET, TILE_P, N_CB, N_CB_PAD, BOX_C, G_PAD, CPG_PAD, K_BLOCK, SLOTS, WARPS, 1, 2)),
+                (_loader, (x_desc, dy_desc, x_ring, dy_ring, ready, empty, n_samples, hw, n_chunks, chunk_px,
+                           per_round, TILE_P, N_CB, BOX_C, SLOTS)),
+            ], [WARPS, 1], [COMPUTE_REGS, LOADER_REGS])
 
     _launch = LaunchCache(_group_norm_bwd_hopper_cl_kernel)
 
@@ -353,10 +366,10 @@ class Plan(NamedTuple):
     per_round: int      # samples per round: the grid is per_round * n_chunks <= SMs
 
 
-def _tables_bytes(n_cb: int, element_size: int) -> int:
-    """Shared memory beside the ring: both partitions' A / B / P1 / P0 rows and residual rows, w / b rows."""
+def _tables_bytes(n_cb: int, element_size: int, parts: int) -> int:
+    """Shared memory beside the ring: each partition's A / B / P1 / P0 rows and residual rows, w / b rows."""
     box_c = BOX_BYTES // element_size
-    return next_power_of_2(n_cb) * box_c * (PARTS * (4 * 4 + element_size) + 2 * 4)
+    return next_power_of_2(n_cb) * box_c * (parts * (4 * 4 + element_size) + 2 * 4)
 
 
 def plan(n: int, c: int, hw: int, element_size: int, sms: int) -> Optional[Plan]:
@@ -364,17 +377,17 @@ def plan(n: int, c: int, hw: int, element_size: int, sms: int) -> Optional[Plan]
     pixels (the busiest program's share), ties to fewer rounds. None when C is not a multiple of a 128-byte channel
     block, one pixel tile of all C overflows MAX_CHUNK_TILES or the ring, a sample needs more programs than there are
     SMs, or the plan would leave more than 1 - MIN_FILL of the SMs' time idle."""
-    return _chunking(n, c, hw, element_size, sms, MIN_FILL)
+    return _chunking(n, c, hw, element_size, sms, MIN_FILL, PARTS_BWD_CL)
 
 
 @functools.lru_cache(maxsize=1024)
-def _chunking(n: int, c: int, hw: int, element_size: int, sms: int, min_fill: float) -> Optional[Plan]:
+def _chunking(n: int, c: int, hw: int, element_size: int, sms: int, min_fill: float, parts: int) -> Optional[Plan]:
     """plan(), cached per call signature (eligible and the launcher both ask, every call)."""
     box_c = BOX_BYTES // element_size
     if c % box_c:
         return None
     n_cb = c // box_c
-    slots = (SMEM_BYTES - SCRATCH_BYTES - _tables_bytes(n_cb, element_size)) // (2 * TILE_P * BOX_BYTES + 16)
+    slots = (SMEM_BYTES - SCRATCH_BYTES - _tables_bytes(n_cb, element_size, parts)) // (2 * TILE_P * BOX_BYTES + 16)
     n_pt = cdiv(hw, TILE_P)
     best = None
     for t in range(1, min(MAX_CHUNK_TILES, slots) // n_cb + 1):
@@ -425,7 +438,8 @@ def backward(dy, x, residual, residual_strides, weight, bias, mean, rstd, num_gr
     n_sums = N_SUMS if compute_dres else N_SUMS - 1
     g_pad = next_power_of_2(num_groups)
     sums = alloc((n, p.n_chunks, n_sums, c), torch.float32, x.device)        # per chunk: S_dz, S_dzx (, dres)
-    scratch = alloc((grid * PARTS * 2 * g_pad, ), torch.float32, x.device)
+    parts, warps = PARTS_BWD_CL, WARPS_BWD_CL
+    scratch = alloc((grid * parts * 2 * g_pad, ), torch.float32, x.device)
     meet = p.n_chunks > 1       # the meeting's partials and zeroed counters (a memset launch: none without a meeting)
     part = alloc((n * p.n_chunks * num_groups * 2, ), torch.float32, x.device) if meet else mean
     count = torch.zeros(n, dtype=torch.int32, device=x.device) if meet else mean
@@ -443,8 +457,8 @@ def backward(dy, x, residual, residual_strides, weight, bias, mean, rstd, num_gr
             HAS_DRES=compute_dres, HAS_PAD=hw % TILE_P != 0, MEET=meet, TILE_P=TILE_P, N_CB=c // box_c,
             N_CB_PAD=next_power_of_2(c // box_c), BOX_C=box_c, G_PAD=g_pad, CPG_PAD=next_power_of_2(cpg),
             K_BLOCK=min(K_BLOCK_MAX, next_power_of_2(p.n_chunks), max(1, MEET_ELEMENTS // g_pad)), SLOTS=p.slots,
-            SMEM=layout, WARPS=COMPUTE_WARPS, COMPUTE_REGS=COMPUTE_REGS, LOADER_REGS=LOADER_REGS,
-            num_warps=COMPUTE_WARPS)
+            SMEM=layout, WARPS=warps, PARTS=parts, COMPUTE_REGS=COMPUTE_REGS, LOADER_REGS=LOADER_REGS,
+            num_warps=warps)
     dw_db = sums[:, :, :2].sum((0, 1)) if compute_dw or compute_db else None                     # [2, C]
     dres = sums[:, :, 2].sum(1) if compute_dres else None
     return (dw_db[1] if compute_dw else None), (dw_db[0] if compute_db else None), dres
