@@ -7,7 +7,7 @@ x is (N, C, *spatial): NCHW contiguous, channels_last, (N, C, L) or any layout w
 one stride, read in place through (stride_n, stride_c, stride_hw); y comes out in x's layout
 (``torch.empty_like``), never copied. The math and the kernels are in ``group_norm_details/_kernels.py``
 (CHUNKED mode: ``_chunked*.py``; on Hopper, in Gluon: the NCHW forward ``_hopper_fwd.py`` and backward
-``_hopper_bwd.py``, the channels_last forward ``_hopper_fwd_cl.py`` and backward ``_hopper_bwd_cl.py``);
+``_hopper_bwd.py``, the channels_last forward ``_hopper_fwd_cl.py``);
 this file holds the launch plan, the launchers, the torch.library ops and the public function.
 
 Layers: kernels -> launchers ``group_norm_forward`` / ``group_norm_backward`` -> torch.library ops
@@ -40,7 +40,6 @@ from .group_norm_details._kernels import (
 )
 from .group_norm_details._chunked_launch import ChunkConfig, chunk_plan, chunked_backward, chunked_forward  # noqa: F401
 from .group_norm_details import _hopper_bwd as hopper_bwd
-from .group_norm_details import _hopper_bwd_cl as hopper_bwd_cl
 from .group_norm_details import _hopper_fwd as hopper_fwd
 from .group_norm_details import _hopper_fwd_cl as hopper_fwd_cl
 
@@ -118,10 +117,6 @@ HOPPER_FWD = True
 # The backward of contiguous NCHW x with a plan (group_norm_details/_hopper_bwd.py: x and dy read once, groups split
 # over programs that meet) likewise.
 HOPPER_BWD = True
-# The channels_last backward with a plan (group_norm_details/_hopper_bwd_cl.py: x and dy read once, samples split over
-# programs that meet), when HOPPER_BWD is on too. Off: written and compiled offline in session 25, which had no GPU;
-# its GPU tests (tests/test_group_norm_gpu.py) turn it on, and it is turned on here once they pass.
-HOPPER_BWD_CL = False
 
 
 class _Plan(NamedTuple):
@@ -290,15 +285,13 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
     if HOPPER_BWD and x.numel() > 0:
         r = None if residual is None else _expand_residual(residual, x)
         sr = None if r is None else _nchw_strides(r)
-        kernels = (hopper_bwd, hopper_bwd_cl) if HOPPER_BWD_CL else (hopper_bwd, )      # NCHW, channels_last
-        for kernel in kernels:
-            if kernel.eligible(x, dy, dx, num_groups, activation, sr):
-                dw, db, dres = kernel.backward(dy, x, r, sr, weight, bias, mean, rstd, num_groups, activation, dx,
+        if hopper_bwd.eligible(x, dy, dx, num_groups, activation, sr):
+            dw, db, dres = hopper_bwd.backward(dy, x, r, sr, weight, bias, mean, rstd, num_groups, activation, dx,
                                                compute_dw, compute_db, dres_in_kernel, _alloc)
-                if dres is not None:
-                    dres = dres.view(n, c, *(1,) * (x.dim() - 2)).sum_to_size(residual.shape).to(residual.dtype)
-                return (dx, None if dw is None else dw.to(weight.dtype), None if db is None else db.to(bias.dtype),
-                        dres)
+            if dres is not None:
+                dres = dres.view(n, c, *(1,) * (x.dim() - 2)).sum_to_size(residual.shape).to(residual.dtype)
+            return (dx, None if dw is None else dw.to(weight.dtype), None if db is None else db.to(bias.dtype),
+                    dres)
     if x.numel() > 0 and _use_chunked(num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD,
                                       x.numel() * x.element_size()):
         r = x if residual is None else _expand_residual(residual, x)

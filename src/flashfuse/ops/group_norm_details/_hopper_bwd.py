@@ -72,9 +72,8 @@ if gluon is not None:
 
     @gluon.jit
     def _stage(x_ring, dy_ring, ready, k, r, HAS_RESIDUAL: gl.constexpr, SLOTS: gl.constexpr, tile: gl.constexpr):
-        """Waits for the program's tile k; returns s = x (+ r, broadcast to the tile: [TILE_ROWS, 1] per row here, [1,
-        BOX_C] per column in _hopper_bwd_cl.py; rounded to x's dtype and written back to the slot for the dx pass) and
-        dy as fp32, the tile's shape."""
+        """Waits for the program's tile k; returns s = x (+ r, broadcast to the tile, [TILE_ROWS, 1]: per row; rounded
+        to x's dtype and written back to the slot for the dx pass) and dy as fp32, the tile's shape."""
         slot = k % SLOTS
         mbarrier.wait(ready.index(slot), (k // SLOTS) & 1)
         s = x_ring.index(slot).load(tile)
