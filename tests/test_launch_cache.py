@@ -152,6 +152,106 @@ def test_launch_cache_plain_launch(monkeypatch, reason):
     assert len(kernel.compiles) == 2 and kernel.calls == []
 
 
+class _DescriptorLauncher:
+    """Stands in for triton 3.6's CudaLauncher of a kernel with tensor-descriptor parameters: ``launch`` is the
+    descriptor wrapper (a closure over the C launch and the descriptors' parameter indices, as
+    wrap_handle_tensordesc builds it)."""
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid = launch_pdl = False
+    num_ctas = 1
+
+    def __init__(self, calls, n_descriptors):
+        launcher = lambda *launch: calls.append(("c", launch))          # noqa: E731
+        tensordesc_indices = set(range(n_descriptors))
+
+        def inner(*args):
+            assert tensordesc_indices and launcher
+            calls.append(("wrapped", args))
+        self.launch = inner
+
+    def __call__(self, *launch):            # CudaLauncher.__call__: scratch, then the wrapper
+        self.launch(*launch)
+
+
+class _DescriptorCompiled(_Compiled):
+    def __init__(self, name, calls):
+        super().__init__(name, calls)
+        self.run = _DescriptorLauncher(calls, 2)
+        meta = dict(swizzle=128, elem_size=2, elem_type=5, block_size=[1, 64, 1, 16], fp4_padded=False)
+        self.metadata = type("Metadata", (), {"tensordesc_meta": [meta, dict(meta, swizzle=64)]})()
+
+
+class _DescriptorKernel(_Kernel):
+    params = [_Param("q_desc"), _Param("k_desc"), _Param("p_x"), _Param("n"), _Param("BLOCK")]
+
+    def __getitem__(self, grid):
+        def launch(*args, **constexprs):
+            self.compiles.append((grid, args, constexprs))
+            return _DescriptorCompiled(len(self.compiles) - 1, self.calls)
+        return launch
+
+
+def test_launch_with_descriptors_encodes_once_per_address(fast, monkeypatch):
+    """A Launch with descriptor parameters: triton's own launch first, then LaunchCache's, then the C launch with each
+    descriptor's encoding (CUtensorMap, shape, strides) made once per tensor address and kept."""
+    from flashfuse.ops._triton import Launch
+
+    encodings = []
+
+    def fill(address, swizzle, elem_size, elem_type, block, shape, strides, padding):
+        encodings.append((address, swizzle, elem_size, elem_type, tuple(block), padding))
+        return f"map-{address}-{swizzle}"
+    monkeypatch.setattr(_triton, "_fill_tma_descriptor", lambda: fill)
+    monkeypatch.setattr(_triton, "bind_cuda_context", lambda: None)
+    kernel = _DescriptorKernel()
+    cache = LaunchCache(kernel)
+    cache.fast = True
+    shape, strides = [2, 256, 4, 16], [16384, 64, 16, 1]
+    geometry = (shape, strides, [1, 64, 1, 16], "layout")
+    launch = Launch(cache, (6, ), [geometry, geometry], BLOCK=64)
+    q, k, k2, x = (torch.zeros(2, 256, 4, 16, dtype=torch.bfloat16) for _ in range(4))
+    launch(q, k, x, 32)
+    assert len(kernel.compiles) == 1 and kernel.calls == []
+    grid, args, constexprs = kernel.compiles[0]
+    assert grid == (6, ) and constexprs == dict(BLOCK=64) and args[2:] == (x, 32)
+    assert [(d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding) for d in args[:2]] == [
+        (t, shape, strides, [1, 64, 1, 16], "layout", "zero") for t in (q, k)]
+    launch(q, k, x, 48)                                       # LaunchCache's launch, through the wrapper
+    assert [kind for kind, _ in kernel.calls] == ["wrapped"] and encodings == []
+    for key_tensor in (k, k, k2, k):
+        launch(q, key_tensor, x, 64)
+    assert [kind for kind, _ in kernel.calls] == ["wrapped"] + ["c"] * 4
+    # one encoding per (descriptor, address): q and k, then k2; k's was kept
+    e = 5                                                     # the device-side bf16 code; the host's is 5 too
+    assert encodings == [(t.data_ptr(), swizzle, 2, e, (1, 64, 1, 16), 0)
+                         for t, swizzle in ((q, 128), (k, 64), (k2, 64))]
+    _, last = kernel.calls[-1]
+    assert last == (6, 1, 1, 1234, "fn-0", False, False, None, None, "meta-0", None, None, None,
+                    f"map-{q.data_ptr()}-128", *shape, *strides, f"map-{k.data_ptr()}-64", *shape, *strides, x, 64, 64)
+    monkeypatch.setattr(_triton, "_plain_launch_needed", lambda kernel: True)
+    launch(q, k, x, 64)                                       # a launch hook: triton's own path again
+    assert len(kernel.compiles) == 2 and len(kernel.calls) == 5
+
+
+def test_launch_with_descriptors_keeps_the_wrapper_it_does_not_know(fast, monkeypatch):
+    """A launcher of another shape (no descriptor wrapper, descriptors not lowered to TMA, global scratch): the
+    descriptors stay triton's to encode."""
+    from flashfuse.ops._triton import EncodedLaunch
+
+    compiled = _DescriptorCompiled(0, [])
+    entry, grid, geometry = (compiled, (), 0), (1, ), ([1], [1], [1], None)
+    assert EncodedLaunch.of(entry, grid, [geometry, geometry]) is not None
+    assert EncodedLaunch.of(entry, grid, [geometry]) is None                 # descriptors elsewhere in the signature
+    compiled.metadata.tensordesc_meta = [None, None]
+    assert EncodedLaunch.of(entry, grid, [geometry, geometry]) is None
+    compiled = _DescriptorCompiled(0, [])
+    compiled.run.global_scratch_size = 128
+    assert EncodedLaunch.of((compiled, (), 0), grid, [geometry, geometry]) is None
+    compiled = _DescriptorCompiled(0, [])
+    compiled.run.launch = print                                               # not a wrapper
+    assert EncodedLaunch.of((compiled, (), 0), grid, [geometry, geometry]) is None
+
+
 @pytest.mark.gpu
 def test_arg_specialization_matches_triton_gpu():
     """Where the fast path runs (triton FAST_LAUNCH_TRITON on the GPU): arguments with the same key get the same
@@ -162,7 +262,8 @@ def test_arg_specialization_matches_triton_gpu():
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.nvidia.compiler import CUDABackend
 
-    from flashfuse.ops.attention.flash_fwd_hopper import host_descriptor, sequence_geometry
+    from flashfuse.ops._triton import host_descriptor
+    from flashfuse.ops.attention.flash_fwd_hopper import sequence_geometry
 
     base = torch.zeros(1024, device="cuda", dtype=torch.bfloat16)
     seq = torch.zeros(2, 256, 4, 128, device="cuda", dtype=torch.bfloat16)
@@ -211,3 +312,36 @@ def test_repeated_attention_calls_gpu(monkeypatch):
         out, dq, dk, dv = again
         assert torch.equal(out, first[0]) and torch.equal(dk, first[2]) and torch.equal(dv, first[3])
         assert ((dq.float() - first[1].float()).norm() / first[1].float().norm()).item() < 2 ** -8
+
+
+@pytest.mark.gpu
+def test_encoded_descriptors_follow_their_tensors_gpu(monkeypatch):
+    """Calls of one launch plan alternate between two sets of tensors (and fresh ones), well past the calls that set up
+    the encoded launch: each gives its own first call's output, dK and dV bit for bit, so no call reads another's
+    descriptors (the encodings are kept per address)."""
+    from flashfuse import flash_attn_func
+    from flashfuse.ops._triton import EncodedLaunch, PlanCache
+    from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper, flash_fwd_hopper
+    if not flash_fwd_hopper.available(torch.device("cuda")):
+        pytest.skip("the encoded launches are those of the Gluon kernels (sm_90, triton 3.6)")
+    for module, name in ((flash_fwd_hopper, "_PLANS"), (flash_bwd_hopper, "_PLANS"), (flash_bwd, "_PREPROCESS_PLANS")):
+        monkeypatch.setattr(module, name, PlanCache())
+
+    def inputs(seed):
+        torch.manual_seed(seed)
+        return [torch.randn(2, 1024, 8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+
+    def call(q, k, v):
+        out = flash_attn_func(q, k, v, causal=True)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        return out.detach(), dk, dv
+
+    sets = [inputs(0), inputs(1)]
+    first = [call(*s) for s in sets]
+    for i in range(6):
+        for s, expected in zip(sets, first):
+            assert all(torch.equal(a, b) for a, b in zip(call(*s), expected))
+        fresh = [t.detach().clone().requires_grad_() for t in sets[i % 2]]
+        assert all(torch.equal(a, b) for a, b in zip(call(*fresh), first[i % 2]))
+    plans = list(flash_fwd_hopper._PLANS.plans.values()) + list(flash_bwd_hopper._PLANS.plans.values())
+    assert len(plans) == 2 and all(isinstance(plan.launch.encoded, EncodedLaunch) for plan in plans)

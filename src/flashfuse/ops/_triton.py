@@ -11,6 +11,11 @@ from triton.language.extra import libdevice
 
 from .._env import INTERPRET
 
+try:
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
+except ImportError:          # (a triton without Gluon: nothing here builds descriptors then)
+    _GluonDescriptor = None
+
 # Triton's interpreter computes tl.dot with numpy, which has no bfloat16: a bf16 x bf16 dot there gives
 # garbage (seen with triton 3.9). In the interpreter, `dot` upcasts the operands to fp32 first (exact
 # for bf16 inputs); compiled, it is a plain tensor-core tl.dot.
@@ -162,15 +167,132 @@ class LaunchCache:
 
 class Launch:
     """One kernel launch with its grid and constexprs fixed, its LaunchCache entry kept: ``launch(*args)``. Part of a
-    launch plan (PlanCache), which vouches that every call passes arguments that specialize alike (LaunchCache.run)."""
+    launch plan (PlanCache), which vouches that every call passes arguments that specialize alike (LaunchCache.run).
 
-    __slots__ = ("cache", "grid", "constexprs", "entry")
+    ``descriptors``: the geometry ``(shape, strides, block shape, shared-memory layout)`` of the kernel's leading
+    parameters, host-side tensor descriptors over tensors the plan has checked for TMA; a call passes the tensors in
+    their place. Once the direct launch runs, those go through EncodedLaunch: their encodings kept per address."""
 
-    def __init__(self, cache: LaunchCache, grid: tuple, **constexprs):
+    __slots__ = ("cache", "grid", "constexprs", "entry", "descriptors", "encoded")
+
+    def __init__(self, cache: LaunchCache, grid: tuple, descriptors=(), **constexprs):
         self.cache, self.grid, self.constexprs, self.entry = cache, grid, constexprs, None
+        self.descriptors, self.encoded = tuple(descriptors), None
 
     def __call__(self, *args):
+        if self.encoded is not None and not _plain_launch_needed(self.cache.kernel):
+            self.encoded(args)
+            return
+        n = len(self.descriptors)
+        if n:
+            bind_cuda_context()
+            args = tuple(host_descriptor(t, *geometry) for t, geometry in zip(args, self.descriptors)) + args[n:]
         self.entry = self.cache.run(self.entry, self.grid, args, self.constexprs)
+        if n and self.entry is not None:
+            self.encoded = EncodedLaunch.of(self.entry, self.grid, self.descriptors)
+
+
+# The launcher's leading arguments (triton 3.6's _BASE_ARGS_FORMAT "iiiKKppOOOOOO"): grid x, y, z, stream, function,
+# cooperative, PDL, global scratch, profile scratch, packed metadata, launch metadata, enter and exit hooks.
+_LAUNCHER_HEAD = 13
+
+
+class EncodedLaunch:
+    """A direct launch whose leading arguments are host-side tensor descriptors, encoded once per tensor address.
+
+    triton 3.6's launcher wraps its C launch in Python that turns each descriptor into a CUtensorMap on every launch
+    (``make_tensordesc_arg``: a driver call, cuTensorMapEncodeTiled, plus list building). The encoding depends only on
+    the address, the geometry and the kernel's swizzle / block (fixed per plan and compiled kernel), so this keeps it
+    per descriptor and address (a few addresses each: the caching allocator hands the same blocks back in a loop),
+    and calls the C launch itself, as the wrapper would. ``of`` returns None where the launcher is not the one this
+    was written against (then the wrapper runs)."""
+
+    __slots__ = ("launch", "grid", "device", "function", "flags", "packed_metadata", "tail", "fixed", "cache")
+
+    MAX_ADDRESSES = 16          # per descriptor; past it that descriptor's encodings start over
+
+    @classmethod
+    def of(cls, entry, grid, descriptors):
+        compiled, tail, device = entry
+        launcher = compiled.run
+        launch = _c_launch(launcher, len(descriptors))
+        metas = getattr(compiled.metadata, "tensordesc_meta", None)
+        if (launch is None or not metas or len(metas) != len(descriptors) or getattr(launcher, "num_ctas", 1) != 1
+                or launcher.global_scratch_size or launcher.profile_scratch_size
+                or any(meta is None or meta["fp4_padded"] for meta in metas)):
+            return None
+        self = cls.__new__(cls)
+        self.launch, self.device, self.tail = launch, device, tail
+        self.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        self.function, self.packed_metadata = compiled.function, compiled.packed_metadata
+        self.flags = (launcher.launch_cooperative_grid, launcher.launch_pdl)
+        host_type = _tma_host_types()
+        self.fixed = [(meta["swizzle"], meta["elem_size"], host_type[meta["elem_type"]], meta["block_size"], shape,
+                       strides) for meta, (shape, strides, _, _) in zip(metas, descriptors)]
+        self.cache = [{} for _ in descriptors]
+        return self
+
+    def __call__(self, args):
+        encoded = []
+        for i, cache in enumerate(self.cache):
+            address = args[i].data_ptr()
+            arguments = cache.get(address)
+            if arguments is None:
+                arguments = self._encode(i, address)
+            encoded += arguments
+        stream = torch._C._cuda_getCurrentRawStream(self.device)
+        self.launch(*self.grid, stream, self.function, *self.flags, None, None, self.packed_metadata, None, None, None,
+                    *encoded, *args[len(self.cache):], *self.tail)
+
+    def _encode(self, i, address):
+        """The descriptor's launcher arguments, as make_tensordesc_arg gives them: CUtensorMap, shape, strides."""
+        swizzle, elem_size, host_type, block, shape, strides = self.fixed[i]
+        bind_cuda_context()
+        cache = self.cache[i]
+        if len(cache) >= self.MAX_ADDRESSES:
+            cache.clear()
+        tensor_map = _fill_tma_descriptor()(address, swizzle, elem_size, host_type, block, shape, strides, 0)
+        arguments = cache[address] = (tensor_map, *shape, *strides)
+        return arguments
+
+
+def _c_launch(launcher, n_descriptors: int):
+    """The C launch below triton 3.6's descriptor wrapper (``wrap_handle_tensordesc``'s closure), where the kernel's
+    descriptors are its first ``n_descriptors`` parameters; None for any other shape of launcher."""
+    inner = getattr(launcher, "launch", None)
+    names = getattr(getattr(inner, "__code__", None), "co_freevars", ())
+    if not {"launcher", "tensordesc_indices"} <= set(names) or inner.__closure__ is None:
+        return None
+    cells = dict(zip(names, (cell.cell_contents for cell in inner.__closure__)))
+    if sorted(cells["tensordesc_indices"]) != list(range(n_descriptors)):
+        return None
+    return cells["launcher"]
+
+
+def _fill_tma_descriptor():
+    return triton.runtime.driver.active.utils.fill_tma_descriptor
+
+
+def _tma_host_types():
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+    return TMA_DTYPE_DEVICE_TO_HOST
+
+
+def host_descriptor(base, shape, strides, block_shape, layout):
+    """A host-side (Gluon) TensorDescriptor without its constructor's checks (~4 us each, up to nine per call, measured
+    as host time at short sequences: session 16). The launchers have checked what they check (16-byte aligned base and
+    strides, unit last stride; power-of-two boxes) before coming here."""
+    desc = _GluonDescriptor.__new__(_GluonDescriptor)
+    desc.base, desc.shape, desc.strides, desc.block_shape, desc.layout, desc.padding = (
+        base, shape, strides, block_shape, layout, "zero")
+    return desc
+
+
+def bind_cuda_context():
+    """triton encodes host-side descriptors before its launcher binds the CUDA context to the calling thread,
+    and a new thread has none yet ("invalid device context"): any CUDA runtime call binds it, and this one is
+    also legal while a CUDA graph is being captured."""
+    torch.cuda.is_current_stream_capturing()
 
 
 def launch_device() -> int:

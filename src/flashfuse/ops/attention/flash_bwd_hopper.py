@@ -42,7 +42,7 @@ import torch
 
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device
 from . import flash_fwd_hopper
-from .flash_fwd_hopper import _smem_layout, bind_cuda_context, gluon, host_descriptor, sequence_geometry
+from .flash_fwd_hopper import _smem_layout, gluon, sequence_geometry
 
 LOG2E = flash_fwd_hopper.LOG2E
 # Where this kernel can run and which tensors its host-side descriptors take: as the forward's.
@@ -452,7 +452,7 @@ class _BackwardPlan:
         self.sizes = (*dkv_strides[:3], nheads_q, nheads_k, seqlen_q, seqlen_k)
         self.window_right = window_right
         self.launch = Launch(
-            _launch_backward, (cdiv(seqlen_k, block_n) * batch * nheads_k, ), HAS_RIGHT=window_right >= 0,
+            _launch_backward, (cdiv(seqlen_k, block_n) * batch * nheads_k, ), self.descriptors, HAS_RIGHT=window_right >= 0,
             BOTTOM_RIGHT=bottom_right, FP32_GRADS=dk.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n,
             HEAD_DIM=head_dim, Q_SMEM=_smem_layout([block_m, head_dim], q.dtype),
             KV_SMEM=_smem_layout([block_n, head_dim], q.dtype),
@@ -460,7 +460,5 @@ class _BackwardPlan:
             DQ_SMEM=_smem_layout([block_m, head_dim], torch.float32), **cfg)
 
     def __call__(self, dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale):
-        bind_cuda_context()
-        descs = [host_descriptor(t, *geometry)
-                 for t, geometry in zip((q, k, v, dout, lse2, delta, dq_acc, dk, dv), self.descriptors)]
-        self.launch(*descs, dk, dv, *self.sizes, qk_scale, sm_scale, self.window_right)
+        self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, dk, dv, *self.sizes, qk_scale, sm_scale,
+                    self.window_right)

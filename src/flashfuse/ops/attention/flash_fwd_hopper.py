@@ -459,29 +459,12 @@ def _smem_layout_cached(block_shape, dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
 
 
-def host_descriptor(base, shape, strides, block_shape, layout):
-    """A host-side TensorDescriptor without its constructor's checks (~4 us each, up to nine per call, measured as
-    host time at short sequences: session 16). The launchers have checked what they check (tma_compatible: 16-byte
-    aligned base and strides, unit last stride; power-of-two boxes) before coming here."""
-    desc = TensorDescriptor.__new__(TensorDescriptor)
-    desc.base, desc.shape, desc.strides, desc.block_shape, desc.layout, desc.padding = (
-        base, shape, strides, block_shape, layout, "zero")
-    return desc
-
-
 def sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype):
     """(shape, strides, box, layout) of the 4-D host-side descriptor over a [batch, seqlen, heads, head dim] tensor
     with [1, box, 1, head dim] boxes that both Gluon kernels use (rows past seqlen zero-filled on loads, dropped on
     stores): host_descriptor's arguments after the tensor."""
     return ([batch, seqlen, heads, head_dim], list(strides), [1, box, 1, head_dim],
             _smem_layout([1, box, 1, head_dim], dtype))
-
-
-def bind_cuda_context():
-    """triton encodes host-side descriptors before its launcher binds the CUDA context to the calling thread,
-    and a new thread has none yet ("invalid device context"): any CUDA runtime call binds it, and this one is
-    also legal while a CUDA graph is being captured."""
-    torch.cuda.is_current_stream_capturing()
 
 
 def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
@@ -528,12 +511,10 @@ class _ForwardPlan:
         self.lse_strides = tuple(lse_strides)
         self.sizes = (nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k)
         self.window = (window_right, n_units)
-        self.launch = Launch(_launch_forward, grid, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right,
+        self.launch = Launch(_launch_forward, grid, self.descriptors, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right,
                              PAIRED=paired, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
                              Q_SMEM=_smem_layout([rows, head_dim], q.dtype),
                              KV_SMEM=_smem_layout([block_n, head_dim], q.dtype), **cfg)
 
     def __call__(self, q, k, v, out, lse, qk_scale):
-        bind_cuda_context()
-        descs = [host_descriptor(t, *geometry) for t, geometry in zip((q, k, v, out), self.descriptors)]
-        self.launch(*descs, lse, *self.lse_strides, *self.sizes, qk_scale, *self.window)
+        self.launch(q, k, v, out, lse, *self.lse_strides, *self.sizes, qk_scale, *self.window)

@@ -34,7 +34,8 @@ from typing import Optional
 import torch
 
 from .._triton import LaunchCache, next_power_of_2, sm_count
-from ..attention.flash_fwd_hopper import available, bind_cuda_context, gluon, host_descriptor
+from .._triton import bind_cuda_context, host_descriptor
+from ..attention.flash_fwd_hopper import available, gluon
 from ._hopper_fwd import ACTIVATIONS, COMPUTE_REGS, COMPUTE_WARPS, LOADER_REGS, ROW_BYTES, TILE_BYTES, Plan
 from ._hopper_fwd import plan as _plan
 

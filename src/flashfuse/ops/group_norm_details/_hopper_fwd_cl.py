@@ -37,7 +37,8 @@ from typing import NamedTuple, Optional
 import torch
 
 from .._triton import LaunchCache, cdiv, next_power_of_2, sm_count
-from ..attention.flash_fwd_hopper import available, bind_cuda_context, gluon, host_descriptor
+from .._triton import bind_cuda_context, host_descriptor
+from ..attention.flash_fwd_hopper import available, gluon
 from ._hopper_fwd import ACTIVATIONS, COMPUTE_REGS, COMPUTE_WARPS, LOADER_REGS, PARTS
 
 if gluon is not None:
