@@ -393,13 +393,17 @@ _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_
 # each causal tile's last key block is one its lower warpgroup releases unread, and 3 K / V stages: 255 / 299 / 334 /
 # 362 and 241 / 299 / 334 / 360 at S = 512 / 1K / 2K / 4K vs 128-key tiles' 218 / 288 / 353 / 390 and 216 / 293 / 356 /
 # 392 (cuDNN 256 / 325 / 371 / 404 and 245 / 313 / 366 / 400); 2 stages 247 / 294, 4 stages 254 / 297 at S = 512 / 1K.
+# Session 27 (H100, CUDA-graph timed, two runs, `results/h100-2026-11-23-s27/c4`): hd128 causal at S = 512 with the
+# same 64-key tiles, 3 stages and two Q slots 328 / 317 vs 282 / 283 for 128-key tiles with one Q slot (one Q slot:
+# 309 / 301; 4 stages: 300 / 297; cuDNN 307 / 297); at 1K 410 / 404 vs 407 / 406 (cuDNN 394 / 377): kept below 1K.
 _THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_REGS=160)
 HOPPER_CONFIGS = {
     (64, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
     (64, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
                  (2048, dict(_WARP_SPECIALIZED, PERSISTENT=True))),
     (128, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
-    (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1)), ),
+    (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
+                  (1024, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1))),
 }
 # Causal with an odd number of row blocks (no pairs): one tile per program, heaviest first, where it measured faster
 # than Triton's kernel (sessions 15-17: hd128 from 512 keys, hd64 from 4096).
