@@ -246,16 +246,27 @@ def _step(call: Call, mode: str, pdouts: tuple | None = None):
     return outs, grads, pdouts
 
 
-def _timed(call: Call, mode: str, pdouts: tuple = ()):
+def _timed(call: Call, mode: str, pdouts: tuple = (), cuda_graph: bool = False):
     """The callable that do_bench times. bwd alone: the forward runs once here, the graph is kept and
     only torch.autograd.grad(out, inputs, dout, retain_graph=True) is timed. ``pdouts`` empty: random
-    output gradients shaped like this forward's outputs."""
+    output gradients shaped like this forward's outputs. ``cuda_graph`` (bwd alone): that forward runs on a side
+    stream, since the autograd engine puts each backward kernel on its forward's stream, and kernels on the legacy
+    default stream cannot join do_bench_cudagraph's capture (the attention bwd rows were ERRORs, session 27); the
+    engine's event waits bring a side stream into it."""
     if mode == "fwd":
         def fwd():
             with torch.no_grad():
                 return call.fn()
         return fwd
-    outs = _tuple(call.fn()) if mode == "bwd" or not pdouts else None
+    outs = None
+    if mode == "bwd" and cuda_graph:
+        forward_stream = torch.cuda.Stream()
+        forward_stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(forward_stream):
+            outs = _tuple(call.fn())
+        torch.cuda.current_stream().wait_stream(forward_stream)
+    elif mode == "bwd" or not pdouts:
+        outs = _tuple(call.fn())
     if not pdouts:
         pdouts = tuple(torch.randn_like(o) for o in outs)
     if mode == "bwd":
@@ -488,7 +499,8 @@ class Runner:
             if not finite:
                 status, message = "WRONG", "non-finite values (NaN/inf) in the full-size run"
             else:
-                row.ms = bench_ms(_timed(call, case.mode, pdouts), gpu, rep_ms=rep_ms, cuda_graph=cuda_graph)
+                row.ms = bench_ms(_timed(call, case.mode, pdouts, gpu and cuda_graph), gpu, rep_ms=rep_ms,
+                                  cuda_graph=cuda_graph)
                 status = "OK"
         except Skip as exc:
             status, message = "SKIP", str(exc)
