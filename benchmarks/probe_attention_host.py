@@ -114,8 +114,8 @@ def main():
                 (fwd, fwd_min), (bwd, bwd_min) = measure(variant, *case, args.reps)
                 results.setdefault(f"hd{case[0]} {'causal' if case[2] else 'full'} {variant}", []).append(
                     dict(fwd=fwd, fwd_min=fwd_min, bwd=bwd, bwd_min=bwd_min))
-                print(f"round {round_} hd{case[0]} causal={case[2]} {variant:20s} fwd {fwd:6.1f} us (min {fwd_min:6.1f})"
-                      f"  bwd {bwd:6.1f} us (min {bwd_min:6.1f})", flush=True)
+                print(f"round {round_} hd{case[0]} causal={case[2]} {variant:20s} fwd {fwd:6.1f} us "
+                      f"(min {fwd_min:6.1f})  bwd {bwd:6.1f} us (min {bwd_min:6.1f})", flush=True)
     print("\nhost time per call, us: median over rounds of each round's median (S = 512, 16384 tokens, bf16)")
     print(f"{'case':40s} {'fwd':>7s} {'bwd':>7s}")
     for name, rows in results.items():

@@ -192,11 +192,6 @@ class Launch:
             self.encoded = EncodedLaunch.of(self.entry, self.grid, self.descriptors)
 
 
-# The launcher's leading arguments (triton 3.6's _BASE_ARGS_FORMAT "iiiKKppOOOOOO"): grid x, y, z, stream, function,
-# cooperative, PDL, global scratch, profile scratch, packed metadata, launch metadata, enter and exit hooks.
-_LAUNCHER_HEAD = 13
-
-
 class EncodedLaunch:
     """A direct launch whose leading arguments are host-side tensor descriptors, encoded once per tensor address.
 
@@ -241,6 +236,9 @@ class EncodedLaunch:
                 arguments = self._encode(i, address)
             encoded += arguments
         stream = torch._C._cuda_getCurrentRawStream(self.device)
+        # The C launch's leading arguments (triton 3.6's _BASE_ARGS_FORMAT "iiiKKppOOOOOO"): grid x, y, z, stream,
+        # function, cooperative, PDL, global scratch, profile scratch, packed metadata, launch metadata, enter and exit
+        # hooks; then the kernel's parameters, each descriptor as its encoding.
         self.launch(*self.grid, stream, self.function, *self.flags, None, None, self.packed_metadata, None, None, None,
                     *encoded, *args[len(self.cache):], *self.tail)
 

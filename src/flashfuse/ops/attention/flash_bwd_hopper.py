@@ -452,9 +452,9 @@ class _BackwardPlan:
         self.sizes = (*dkv_strides[:3], nheads_q, nheads_k, seqlen_q, seqlen_k)
         self.window_right = window_right
         self.launch = Launch(
-            _launch_backward, (cdiv(seqlen_k, block_n) * batch * nheads_k, ), self.descriptors, HAS_RIGHT=window_right >= 0,
-            BOTTOM_RIGHT=bottom_right, FP32_GRADS=dk.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n,
-            HEAD_DIM=head_dim, Q_SMEM=_smem_layout([block_m, head_dim], q.dtype),
+            _launch_backward, (cdiv(seqlen_k, block_n) * batch * nheads_k, ), self.descriptors,
+            HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, FP32_GRADS=dk.dtype == torch.float32,
+            BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, Q_SMEM=_smem_layout([block_m, head_dim], q.dtype),
             KV_SMEM=_smem_layout([block_n, head_dim], q.dtype),
             DS_SMEM=_smem_layout([block_n, block_m] if cfg["SCORES_T"] else [block_m, block_n], q.dtype),
             DQ_SMEM=_smem_layout([block_m, head_dim], torch.float32), **cfg)
