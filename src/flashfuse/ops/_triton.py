@@ -171,7 +171,8 @@ class Launch:
 
     ``descriptors``: the geometry ``(shape, strides, block shape, shared-memory layout)`` of the kernel's leading
     parameters, host-side tensor descriptors over tensors the plan has checked for TMA; a call passes the tensors in
-    their place. Once the direct launch runs, those go through EncodedLaunch: their encodings kept per address."""
+    their place. Once the direct launch runs, those go through EncodedLaunch: their encodings kept per address
+    (``encoded``: None until the first direct launch, False where EncodedLaunch does not apply, asked once)."""
 
     __slots__ = ("cache", "grid", "constexprs", "entry", "descriptors", "encoded")
 
@@ -180,7 +181,7 @@ class Launch:
         self.descriptors, self.encoded = tuple(descriptors), None
 
     def __call__(self, *args):
-        if self.encoded is not None and not _plain_launch_needed(self.cache.kernel):
+        if self.encoded and not _plain_launch_needed(self.cache.kernel):
             self.encoded(args)
             return
         n = len(self.descriptors)
@@ -188,8 +189,8 @@ class Launch:
             bind_cuda_context()
             args = tuple(host_descriptor(t, *geometry) for t, geometry in zip(args, self.descriptors)) + args[n:]
         self.entry = self.cache.run(self.entry, self.grid, args, self.constexprs)
-        if n and self.entry is not None:
-            self.encoded = EncodedLaunch.of(self.entry, self.grid, self.descriptors)
+        if n and self.entry is not None and self.encoded is None:
+            self.encoded = EncodedLaunch.of(self.entry, self.grid, self.descriptors) or False
 
 
 class EncodedLaunch:

@@ -514,8 +514,9 @@ class _ForwardPlan:
         self.lse_strides = tuple(lse_strides)
         self.sizes = (nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k)
         self.window = (window_right, n_units)
-        self.launch = Launch(_launch_forward, grid, self.descriptors, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right,
-                             PAIRED=paired, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
+        self.launch = Launch(_launch_forward, grid, self.descriptors, HAS_RIGHT=window_right >= 0,
+                             BOTTOM_RIGHT=bottom_right, PAIRED=paired, BLOCK_M=block_m, BLOCK_N=block_n,
+                             HEAD_DIM=head_dim,
                              Q_SMEM=_smem_layout([rows, head_dim], q.dtype),
                              KV_SMEM=_smem_layout([block_n, head_dim], q.dtype), **cfg)
 
