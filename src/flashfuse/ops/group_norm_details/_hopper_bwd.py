@@ -87,13 +87,16 @@ if gluon is not None:
     def _loader(x_desc, dy_desc, x_ring, dy_ring, ready, empty, n_groups, n_chunks, per_round, chunk_rows,
                 TILE_ROWS: gl.constexpr, SLOTS: gl.constexpr):
         """Streams this program's chunk of each of its groups, x and dy tile by tile, into the ring; tile k goes to
-        slot k % SLOTS once the compute warps released the tile k - SLOTS that was there (the slots start free)."""
+        slot k % SLOTS once the compute warps released the tile k - SLOTS that was there (the slots start free).
+        Chunks of more than half the ring wait for the previous chunk's last tile, as _hopper_fwd._loader."""
         pid = gl.program_id(0)
         first, j = pid // n_chunks, pid % n_chunks
         n_tiles = gl.cdiv(chunk_rows, TILE_ROWS)
         k = 0
         for grp in range(first, n_groups, per_round):
             u = grp * n_chunks + j
+            if k > 0 and 2 * n_tiles > SLOTS:
+                mbarrier.wait(ready.index((k - 1) % SLOTS), ((k - 1) // SLOTS) & 1)
             for t in range(n_tiles):
                 slot = k % SLOTS
                 mbarrier.wait(empty.index(slot), ((k // SLOTS) & 1) ^ 1)

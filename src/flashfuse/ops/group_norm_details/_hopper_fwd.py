@@ -195,12 +195,18 @@ if gluon is not None:
     def _loader(x_desc, ring, ready, empty, n_groups, n_chunks, per_round, rows_per_group, TILE_ROWS: gl.constexpr,
                 SLOTS: gl.constexpr):
         """Streams this program's chunk of each of its groups tile by tile into the ring; tile k of the program goes to
-        slot k % SLOTS once the compute warps released the tile k - SLOTS that was there (the slots start free)."""
+        slot k % SLOTS once the compute warps released the tile k - SLOTS that was there (the slots start free).
+        Chunks of more than half the ring: the next chunk's first tile waits until the previous chunk's last tile has
+        landed. Two such chunks never both fit, so the next one's statistics wait for this one's pass 3 anyway, and
+        its reads issued beside this one's only delay it (session 28: every SM asks for the whole ring at the start,
+        and the first 20-tile chunks landed ~3 us later for the 8 tiles of the next one beside them)."""
         n_tiles = gl.cdiv(rows_per_group, TILE_ROWS)
         pid = gl.program_id(0)
         k = 0
         for grp in range(pid // n_chunks, n_groups, per_round):
             u = grp * n_chunks + pid % n_chunks
+            if k > 0 and 2 * n_tiles > SLOTS:   # (tile k - 1's slot is refilled only here, later: one phase parity)
+                mbarrier.wait(ready.index((k - 1) % SLOTS), ((k - 1) // SLOTS) & 1)
             for t in range(n_tiles):
                 slot = k % SLOTS
                 mbarrier.wait(empty.index(slot), ((k // SLOTS) & 1) ^ 1)
