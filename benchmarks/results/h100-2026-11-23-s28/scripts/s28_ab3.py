@@ -1,10 +1,10 @@
 """Session 28: forward variants vs the committed forward (rounds alternating, bf16, graph-timed us, bits compared):
-pairs (s28_pairs.py: two tiles per pass-3 iteration)."""
+pairs (scripts/pairs.patch applied to a copy of 2b7a2b7's _hopper_fwd.py saved as _fv_pairs.py beside it: two
+tiles per pass-3 iteration)."""
 import importlib, runpy
 import torch, triton
 import flashfuse.ops.group_norm as G
 S = "benchmarks/results/h100-2026-11-23-s28/scripts"
-runpy.run_path(f"{S}/s28_pairs.py")
 mods = {"head": G.hopper_fwd, "pairs": importlib.import_module("flashfuse.ops.group_norm_details._fv_pairs")}
 timed = lambda fn: triton.testing.do_bench_cudagraph(fn, rep=40) * 1e3
 for shape in [(16, 640, 64, 64), (8, 320, 128, 128), (16, 1280, 32, 32), (8, 320, 64, 64), (4, 320, 128, 128)]:
