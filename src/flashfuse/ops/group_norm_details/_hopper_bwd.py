@@ -43,7 +43,7 @@ if gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-    from ._hopper_fwd import _NEG_LOG2E, _affine_rows, _ex2, _exchange, _rcp, _row_load, _store_rows
+    from ._hopper_fwd import _NEG_LOG2E, _affine_rows, _after_previous_chunk, _ex2, _exchange, _rcp, _row_load, _store_rows
 
 SLOTS = 14                        # x + dy tiles of 8 KB each: 224 KB of ring (227 KB is the sm_90 limit)
 # A chunk's tiles, at most. Chunks of up to half the ring keep both partitions' rounds in flight, but larger chunks
@@ -88,15 +88,14 @@ if gluon is not None:
                 TILE_ROWS: gl.constexpr, SLOTS: gl.constexpr):
         """Streams this program's chunk of each of its groups, x and dy tile by tile, into the ring; tile k goes to
         slot k % SLOTS once the compute warps released the tile k - SLOTS that was there (the slots start free).
-        Chunks of more than half the ring wait for the previous chunk's last tile, as _hopper_fwd._loader."""
+        A chunk's first tile after the previous chunk where _after_previous_chunk says so."""
         pid = gl.program_id(0)
         first, j = pid // n_chunks, pid % n_chunks
         n_tiles = gl.cdiv(chunk_rows, TILE_ROWS)
         k = 0
         for grp in range(first, n_groups, per_round):
             u = grp * n_chunks + j
-            if k > 0 and 2 * n_tiles > SLOTS:
-                mbarrier.wait(ready.index((k - 1) % SLOTS), ((k - 1) // SLOTS) & 1)
+            _after_previous_chunk(ready, k, n_tiles, SLOTS)
             for t in range(n_tiles):
                 slot = k % SLOTS
                 mbarrier.wait(empty.index(slot), ((k // SLOTS) & 1) ^ 1)
