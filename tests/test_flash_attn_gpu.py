@@ -515,12 +515,13 @@ def _hopper_id(headdim, config):
 # (head dim, config): HOPPER_CONFIGS's kinds (persistent or one tile per program) at both head dims, three consumer
 # warpgroups at hd64 (session 16), then alternatives measured in session 15 (128 x 64 key tiles with 4 stages, 3
 # stages at hd64), 16 (three consumers with 64-key tiles), 17 (one Q slot per consumer) and 23 (64-key tiles, where
-# causal tiles end in a block the lower warpgroup releases unread).
+# causal tiles end in a block the lower warpgroup releases unread); 29: the persistent kernel with 3 stages (hd64
+# causal from 1K keys).
 HOPPER_GPU_CONFIGS = [(64, _hopper(True)), (64, _hopper(False)), (128, _hopper(True)), (128, _hopper(False)),
                       (64, _hopper(True, consumers=3)), (64, _hopper(False, bn=64, consumers=3)),
                       (128, _hopper(True, bn=64, stages=4)), (64, _hopper(False, stages=3)),
                       (128, _hopper(True, q_stages=1)), (64, _hopper(True, bn=64)),
-                      (64, _hopper(False, bn=64, stages=3, q_stages=1))]
+                      (64, _hopper(False, bn=64, stages=3, q_stages=1)), (64, _hopper(True, stages=3))]
 HOPPER_GPU_SHAPES = FAST_GPU_SHAPES + [(BF16, (1, 77), MHA, {}), (F16, (300, 100), GQA, {"causal": True}),
                                       (BF16, (1500, 777), GQA, {"window_size": (-1, 32)}),  # paired, rows with no key
                                       (BF16, (1024, 1024), MHA, {"causal": True})]          # aligned diagonal

@@ -142,9 +142,12 @@ def test_hopper_forward_plan():
     assert config["PERSISTENT"] and config["Q_STAGES"] == 1 and config["BLOCK_N"] == 128
     config = hopper.hopper_forward_config(64, True, 16384, 16384, 1 * 32, 132)
     assert config["PERSISTENT"] and config["Q_STAGES"] == 2 and config["CONSUMERS"] == 2 and config["BLOCK_N"] == 128
-    config = hopper.hopper_forward_config(64, True, 1024, 1024, 16 * 32, 132)         # short causal: 64-key tiles
+    config = hopper.hopper_forward_config(64, True, 512, 512, 32 * 32, 132)           # short causal: 64-key tiles
     assert config["PERSISTENT"] and config["BLOCK_N"] == 64 and config["NUM_STAGES"] == 3
-    assert hopper.hopper_forward_config(64, True, 2048, 2048, 8 * 32, 132)["BLOCK_N"] == 128
+    config = hopper.hopper_forward_config(64, True, 1024, 1024, 16 * 32, 132)         # then 128-key, a third stage
+    assert config["PERSISTENT"] and config["BLOCK_N"] == 128 and config["NUM_STAGES"] == 3
+    config = hopper.hopper_forward_config(64, True, 2048, 2048, 8 * 32, 132)
+    assert config["BLOCK_N"] == 128 and config["NUM_STAGES"] == 2
     assert hopper.hopper_forward_config(64, True, 256, 256, 64 * 32, 132) is None         # short causal loop
     # causal with an odd number of row blocks (no pairs): one tile per program where that measured faster than Triton
     config = hopper.hopper_forward_config(128, True, 640, 640, 16 * 16, 132)

@@ -395,10 +395,15 @@ _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_
 # Session 27 (H100, CUDA-graph timed, two runs, `results/h100-2026-11-23-s27/c4`): hd128 causal at S = 512 with the
 # same 64-key tiles, 3 stages and two Q slots 328 / 317 vs 282 / 283 for 128-key tiles with one Q slot (one Q slot:
 # 309 / 301; 4 stages: 300 / 297; cuDNN 307 / 297); at 1K 410 / 404 vs 407 / 406 (cuDNN 394 / 377): kept below 1K.
+# Session 29 (H100, CUDA-graph timed, two rounds, `results/h100-2026-11-23-s29/c4`): hd64 causal at 1K keys, 128-key
+# tiles with 3 stages 307 (median; 4 stages 306) vs the 64-key entry's 297 and 2 stages' 302 (`c1`); cuDNN 319. The
+# third slot lets the next tile's first blocks load while this tile's short key loop (1-8 blocks) ends. At 512 keys
+# 207 vs 251 (64-key tiles stay), at 2K / 8K equal to 2 stages (369 / 431 vs 367 / 432).
 _THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_REGS=160)
 HOPPER_CONFIGS = {
     (64, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
     (64, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
+                 (1024, dict(_WARP_SPECIALIZED, PERSISTENT=True, NUM_STAGES=3)),
                  (2048, dict(_WARP_SPECIALIZED, PERSISTENT=True))),
     (128, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
     (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
