@@ -30,7 +30,8 @@ dim 128 (causal too) and from 2048 at 64, 1.1-1.6x flash_fwd's Triton kernels, w
 HOPPER_CONFIGS says where it is used. Tried and dropped: one warpgroup per 64-row tile with every warp doing
 everything (session 14), an explicit ping-pong between the consumers (no gain), persistent causal with single
 tiles round-robin (session 15: one program got twice another's work), the next tile's first Q K^T issued beside
-the last P V of this one (session 17: slower).
+the last P V of this one (session 17: slower); session 29: half diagonal blocks for the upper warpgroup, one K / V
+release per block, O stored from registers (benchmarks/NOTES.md).
 
 Scope: the common case only, as flash_fwd's fast kernel: 16-bit inputs, no dropout / ALiBi / softcap /
 bias / left window / varlen; a right window (causal) and GQA are in. Gluon is triton's lower-level
