@@ -502,26 +502,28 @@ def _require_gluon():
                     f"(here sm_{''.join(map(str, torch.cuda.get_device_capability()))}, triton {triton.__version__})")
 
 
-def _hopper(persistent, bn=128, stages=2, consumers=2, q_stages=2):
+def _hopper(persistent, bn=128, stages=2, consumers=2, q_stages=2, split_pv_wait=False):
     return dict(CONSUMERS=consumers, BLOCK_M=64 * consumers, BLOCK_N=bn, NUM_STAGES=stages, Q_STAGES=q_stages,
-                num_warps=4, CONSUMER_REGS=240 if consumers == 2 else 160, PERSISTENT=persistent)
+                num_warps=4, CONSUMER_REGS=240 if consumers == 2 else 160, PERSISTENT=persistent,
+                SPLIT_PV_WAIT=split_pv_wait)
 
 
 def _hopper_id(headdim, config):
     return ("d{}-{BLOCK_M}x{BLOCK_N}-s{NUM_STAGES}-q{Q_STAGES}".format(headdim, **config)
-            + ("-persistent" * config["PERSISTENT"]))
+            + ("-persistent" * config["PERSISTENT"]) + ("-split" * config["SPLIT_PV_WAIT"]))
 
 
 # (head dim, config): HOPPER_CONFIGS's kinds (persistent or one tile per program) at both head dims, three consumer
 # warpgroups at hd64 (session 16), then alternatives measured in session 15 (128 x 64 key tiles with 4 stages, 3
 # stages at hd64), 16 (three consumers with 64-key tiles), 17 (one Q slot per consumer) and 23 (64-key tiles, where
 # causal tiles end in a block the lower warpgroup releases unread); 29: the persistent kernel with 3 stages (hd64
-# causal from 1K keys).
+# causal from 1K keys); 30: the P V wait after the softmax (hd128 causal from 2K keys).
 HOPPER_GPU_CONFIGS = [(64, _hopper(True)), (64, _hopper(False)), (128, _hopper(True)), (128, _hopper(False)),
                       (64, _hopper(True, consumers=3)), (64, _hopper(False, bn=64, consumers=3)),
                       (128, _hopper(True, bn=64, stages=4)), (64, _hopper(False, stages=3)),
                       (128, _hopper(True, q_stages=1)), (64, _hopper(True, bn=64)),
-                      (64, _hopper(False, bn=64, stages=3, q_stages=1)), (64, _hopper(True, stages=3))]
+                      (64, _hopper(False, bn=64, stages=3, q_stages=1)), (64, _hopper(True, stages=3)),
+                      (128, _hopper(True, q_stages=1, split_pv_wait=True))]
 HOPPER_GPU_SHAPES = FAST_GPU_SHAPES + [(BF16, (1, 77), MHA, {}), (F16, (300, 100), GQA, {"causal": True}),
                                       (BF16, (1500, 777), GQA, {"window_size": (-1, 32)}),  # paired, rows with no key
                                       (BF16, (1024, 1024), MHA, {"causal": True})]          # aligned diagonal

@@ -123,7 +123,7 @@ def test_hopper_forward_plan():
     """flash_fwd_hopper's Gluon kernel: never in the interpreter (Gluon has none), and on the GPU only where
     its table says it measured faster: head dims 64 and 128 from 512 keys, persistent (hd64 with three consumer
     warpgroups from 8192 keys without a mask; hd64 causal with 64-key tiles below 2048 keys, hd128 causal below 1024; hd128 causal from there with one Q slot
-    per consumer; causal with an odd number
+    per consumer, from 2048 keys with the P V wait after the softmax; causal with an odd number
     of row blocks one tile per program, hd64 only from 4096 keys), grids of MIN_WAVE (0.9) waves of tiles or more,
     persistent where its units fill MIN_WAVE waves, else one tile per program. The kernel runs in the GPU tier
     (test_flash_attn_gpu.py)."""
@@ -139,7 +139,9 @@ def test_hopper_forward_plan():
     config = hopper.hopper_forward_config(128, True, 512, 512, 32 * 16, 132)        # short causal: 64-key tiles
     assert config["PERSISTENT"] and config["Q_STAGES"] == 2 and config["BLOCK_N"] == 64 and config["NUM_STAGES"] == 3
     config = hopper.hopper_forward_config(128, True, 1024, 1024, 16 * 16, 132)
-    assert config["PERSISTENT"] and config["Q_STAGES"] == 1 and config["BLOCK_N"] == 128
+    assert config["PERSISTENT"] and config["Q_STAGES"] == 1 and config["BLOCK_N"] == 128 and not config["SPLIT_PV_WAIT"]
+    config = hopper.hopper_forward_config(128, True, 2048, 2048, 8 * 16, 132)        # the P V wait after the softmax
+    assert config["PERSISTENT"] and config["Q_STAGES"] == 1 and config["SPLIT_PV_WAIT"]
     config = hopper.hopper_forward_config(64, True, 16384, 16384, 1 * 32, 132)
     assert config["PERSISTENT"] and config["Q_STAGES"] == 2 and config["CONSUMERS"] == 2 and config["BLOCK_N"] == 128
     config = hopper.hopper_forward_config(64, True, 512, 512, 32 * 32, 132)           # short causal: 64-key tiles

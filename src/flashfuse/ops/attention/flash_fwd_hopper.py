@@ -14,6 +14,9 @@ warpgroup runs, per key block j,
     softmax(S_j) -> P_j, alpha_j = exp2(m_{j-1} - m_j), l_j
     wait   for P_{j-1} V_{j-1};  acc *= alpha_j
 
+In the SASS the softmax overlaps its own P V only where SPLIT_PV_WAIT is on (hd128 causal from 2K keys): elsewhere
+ptxas issues the last wait at the start of the softmax's block, before every exponential, and that measured faster
+than the overlap at every other entry (session 30), where the other warpgroup's softmax fills the tensor cores.
 K and V tiles stream through NUM_STAGES shared-memory slots: the producer fills a slot once all consumers
 released it (mbarriers, one arrival per warpgroup), so the warpgroups are never held in lockstep by a
 CTA-wide barrier; they drift apart, one's softmax running beside the other's matrix products. Registers
@@ -193,7 +196,7 @@ if gluon is not None:
     def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale,
                      WG: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr,
                      CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr):
+                     NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr, SPLIT_PV_WAIT: gl.constexpr):
         """One warpgroup, rows [m0 + WG * ROWS, +ROWS) of each tile (ROWS = BLOCK_M / CONSUMERS): the schedule in the module
         docstring (S_j issued beside P_{j-1} V_{j-1}), releasing K / V slots and its Q slots through mbarriers
         (one arrival per warpgroup). Q comes in Q_STAGES slots (with two, the next tile's Q loads while this one
@@ -257,6 +260,12 @@ if gluon is not None:
                 p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j, row0, seqlen_q, seqlen_k, full_end,
                                                     window_right, qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N,
                                                     s_layout)
+                if SPLIT_PV_WAIT and j == -1 - seqlen_q:
+                    # Never taken (seqlen_q >= 0): the branch ends the block that holds the exponentials above. Without
+                    # it ptxas issues the P V wait below at the start of that block (its scheduler places the wgmma
+                    # wait as early as it may), before every exponential, so that this softmax never overlapped its
+                    # own P V (SASS of every config, session 30).
+                    gl.store(p_lse + row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout)), l_i)
                 acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
                 mbarrier.arrive(v_empty.index(prev), count=1)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
@@ -302,7 +311,7 @@ if gluon is not None:
         HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
         Q_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        num_warps: gl.constexpr,
+        SPLIT_PV_WAIT: gl.constexpr, num_warps: gl.constexpr,
     ):
         # Host-side TMA descriptors over q, o [batch, seqlen_q, nheads_q, HEAD_DIM] (boxes [1, 64, 1, HEAD_DIM]) and
         # k, v [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]): rows past a sequence's end are
@@ -342,10 +351,10 @@ if gluon is not None:
             gl.warp_specialize([
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 0,
                                 HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES)),
+                                Q_STAGES, SPLIT_PV_WAIT)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 1,
                                 HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES)),
+                                Q_STAGES, SPLIT_PV_WAIT)),
                 (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
             ], [4, 1], [CONSUMER_REGS, 24])
@@ -353,20 +362,21 @@ if gluon is not None:
             gl.warp_specialize([
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 0,
                                 HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES)),
+                                Q_STAGES, SPLIT_PV_WAIT)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 1,
                                 HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES)),
+                                Q_STAGES, SPLIT_PV_WAIT)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 2,
                                 HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES)),
+                                Q_STAGES, SPLIT_PV_WAIT)),
                 (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
     _launch_forward = LaunchCache(_flash_fwd_hopper_kernel)
 
-_WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_STAGES=2, num_warps=4, CONSUMER_REGS=240)
+_WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_STAGES=2, num_warps=4, CONSUMER_REGS=240,
+                         SPLIT_PV_WAIT=False)
 
 # (head dim, right window / causal) -> ((shortest key loop, config), ...): where this kernel measured faster
 # than flash_fwd's (H200, bf16, 16384 tokens, model dim 2048, TFLOP/s at S = 512 / 1K / 2K / 4K / 8K / 16K;
@@ -400,6 +410,11 @@ _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_
 # tiles with 3 stages 307 (median; 4 stages 306) vs the 64-key entry's 297 and 2 stages' 302 (`c1`); cuDNN 319. The
 # third slot lets the next tile's first blocks load while this tile's short key loop (1-8 blocks) ends. At 512 keys
 # 207 vs 251 (64-key tiles stay), at 2K / 8K equal to 2 stages (369 / 431 vs 367 / 432).
+# Session 30 (H100, CUDA-graph timed, `results/h100-2026-11-23-s30/`): SPLIT_PV_WAIT (the wait for P V placed after the
+# softmax's exponentials in SASS, i.e. FA3's intra-warpgroup overlap, which ptxas had undone at every entry): hd128
+# causal 496 / 555 / 587 / 606 at S = 2K / 4K / 8K / 16K vs 491 / 545 / 574 / 595 without (three rounds, `c2`; cuDNN 449 /
+# 488 / 520 / 546), 404 vs 403 at 1K; on every entry (`c1`) hd64 2-5% slower (causal 1K 295 vs 311), hd128 without a
+# mask 0.5-1.5% slower, hd128 causal at 512 / 1K 315 / 410 vs 327 / 413.
 _THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_REGS=160)
 HOPPER_CONFIGS = {
     (64, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
@@ -408,7 +423,8 @@ HOPPER_CONFIGS = {
                  (2048, dict(_WARP_SPECIALIZED, PERSISTENT=True))),
     (128, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
     (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
-                  (1024, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1))),
+                  (1024, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1)),
+                  (2048, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1, SPLIT_PV_WAIT=True))),
 }
 # Causal with an odd number of row blocks (no pairs): one tile per program, heaviest first, where it measured faster
 # than Triton's kernel (sessions 15-17: hd128 from 512 keys, hd64 from 4096).
