@@ -17,6 +17,7 @@ warpgroup runs, per key block j,
 In the SASS the softmax overlaps its own P V only where SPLIT_PV_WAIT is on (hd128 causal from 2K keys): elsewhere
 ptxas issues the last wait at the start of the softmax's block, before every exponential, and that measured faster
 than the overlap at every other entry (session 30), where the other warpgroup's softmax fills the tensor cores.
+
 K and V tiles stream through NUM_STAGES shared-memory slots: the producer fills a slot once all consumers
 released it (mbarriers, one arrival per warpgroup), so the warpgroups are never held in lockstep by a
 CTA-wide barrier; they drift apart, one's softmax running beside the other's matrix products. Registers
