@@ -98,12 +98,18 @@ if gluon is not None:
         """Online-softmax step for key block j: s [BLOCK_M, BLOCK_N] raw Q K^T (fp32, s_layout).
         Returns (p, alpha, m_new, l_new); blocks reaching past full_end get the causal / length mask."""
         if (j + 1) * BLOCK_N > full_end:
-            cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-            visible = gl.expand_dims(cols < seqlen_k, 0)
+            # Key j * BLOCK_N + c is visible iff c <= last (per row, relative to the block): one compare and one
+            # select per score. (cols < seqlen_k and cols <= rows + off + window_right, two compares and an and per
+            # score, ran twice the instructions: ptxas hoisted the compares above the S wait and packed the
+            # predicates into registers, session 31.)
+            rel = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             if HAS_RIGHT:
                 off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
-                visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + off + window_right, 1))
+                rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+                last = gl.minimum(rows + off + window_right, seqlen_k - 1) - j * BLOCK_N
+                visible = gl.expand_dims(rel, 0) <= gl.expand_dims(last, 1)
+            else:
+                visible = gl.expand_dims(rel < seqlen_k - j * BLOCK_N, 0)
             s = gl.where(visible, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)   # rows with no visible key yet
@@ -416,6 +422,9 @@ _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_
 # causal 496 / 555 / 587 / 606 at S = 2K / 4K / 8K / 16K vs 491 / 545 / 574 / 595 without (three rounds, `c2`; cuDNN 449 /
 # 488 / 520 / 546), 404 vs 403 at 1K; on every entry (`c1`) hd64 2-5% slower (causal 1K 295 vs 311), hd128 without a
 # mask 0.5-1.5% slower, hd128 causal at 512 / 1K 315 / 410 vs 327 / 413.
+# Session 31 (H100, CUDA-graph timed, three rounds, `results/h100-2026-11-23-s31/c2`): the causal mask as one compare
+# per score (_softmax_block), all entries: hd64 causal 253 / 323 / 379 / 433 at S = 512 / 1K / 2K / 8K vs 252 / 302 / 367 /
+# 431 (cuDNN 245 / 319 / 369 / 420), hd128 causal 328 / 414 / 564 at 512 / 1K / 4K vs 322 / 409 / 562.
 _THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_REGS=160)
 HOPPER_CONFIGS = {
     (64, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
