@@ -9,13 +9,14 @@ MAX_CHUNK_TILES of the ring; the K programs holding one group's chunks meet once
     compute (2 x WARPS)    per round (partitions take rounds in turn, so the loader streams one partition's next chunk
                            as the other's slots free up, while that one meets and writes dx):
         sums     per tile, with x_hat = (s - mean) rstd, z = x_hat w_c + b_c, dz = dy act'(z) (s = x + r_c, rounded
-                 to x's dtype like the forward, written back to the slot):
+                 to x's dtype like the forward, written back to the slot; dz rounded to x's dtype, as eager's
+                 silu_backward gives it, and written back over dy, so the dx pass runs no activation):
                      per row   sum dz, sum dz x_hat      -> db, dw partials (fp32 per (n, c, row); torch sums them)
                      per chunk sum g, sum g x_hat        (g = dz w_c: the row sums times w_c)
         meet     (K > 1) the chunk's two sums stored, one release increment of the group's counter, spin (acquire)
                  until the K chunks are in, then summed in chunk order (deterministic)
-        dx       dx = rstd (g - mean(g) - x_hat mean(g x_hat)) from the slots (each released after its read, behind a
-                 proxy fence, as in _hopper_fwd.py), per-row sums of dx for the time embedding's gradient
+        dx       dx = rstd (g - mean(g) - x_hat mean(g x_hat)) from the slots' s and dz (each released after its read,
+                 behind a proxy fence, as in _hopper_fwd.py), per-row sums of dx for the time embedding's gradient
 
 A chunk of x is [chunk_rows, TILE_COLS] (rows of 512 bytes, within one channel since TILE_COLS divides HW): x and dy
 are seen as [N G K, chunk_rows, TILE_COLS] and read in [1, TILE_ROWS, TILE_COLS] TMA boxes (rows past chunk_rows
@@ -63,15 +64,6 @@ if gluon is not None:
         return dy * (sig * (1.0 + z * (e * sig)))
 
     @gluon.jit
-    def _grad(s, dy, mean_rstd, rstd, w_row, b_row, ACTIVATION: gl.constexpr):
-        """x_hat = (s - mean) rstd and dz = dy act'(z), z = x_hat w + b (fp32 [TILE_ROWS, TILE_COLS])."""
-        x_hat = s * rstd - mean_rstd
-        dz = dy
-        if ACTIVATION == 1:
-            dz = _silu_grad(x_hat * gl.expand_dims(w_row, 1) + gl.expand_dims(b_row, 1), dy)
-        return x_hat, dz
-
-    @gluon.jit
     def _stage(x_ring, dy_ring, ready, k, r, HAS_RESIDUAL: gl.constexpr, SLOTS: gl.constexpr, tile: gl.constexpr):
         """Waits for the program's tile k; returns s = x (+ r, broadcast to the tile, [TILE_ROWS, 1]: per row; rounded
         to x's dtype and written back to the slot for the dx pass) and dy as fp32, the tile's shape."""
@@ -82,6 +74,17 @@ if gluon is not None:
             s = (s.to(gl.float32) + r).to(x_ring.dtype)
             x_ring.index(slot).store(s)
         return s.to(gl.float32), dy_ring.index(slot).load(tile).to(gl.float32)
+
+    @gluon.jit
+    def _stage_dz(dy_ring, k, x_hat, dy, w_row, b_row, ACTIVATION: gl.constexpr, SLOTS: gl.constexpr):
+        """dz = dy act'(z), z = x_hat w + b, rounded to x's dtype and written over the tile's dy for the dx pass (eager
+        PyTorch's silu_backward rounds it the same way); returned as fp32 (dy itself without an activation)."""
+        dz = dy
+        if ACTIVATION == 1:
+            dz = _silu_grad(x_hat * gl.expand_dims(w_row, 1) + gl.expand_dims(b_row, 1), dy).to(dy_ring.dtype)
+            dy_ring.index(k % SLOTS).store(dz)
+            dz = dz.to(gl.float32)
+        return dz
 
     @gluon.jit
     def _loader(x_desc, dy_desc, x_ring, dy_ring, ready, empty, n_groups, n_chunks, per_round, chunk_rows,
@@ -152,7 +155,8 @@ if gluon is not None:
                 if HAS_RESIDUAL:
                     r_1 = _row_load(p_res_n, ch0, row + TILE_ROWS, inv_rows_per_channel, chunk_rows, stride_rc)
                 s, dy = _stage(x_ring, dy_ring, ready, k + t, gl.expand_dims(r, 1), HAS_RESIDUAL, SLOTS, tile)
-                x_hat, dz = _grad(s, dy, mean_rstd, rstd, w_row, b_row, ACTIVATION)
+                x_hat = s * rstd - mean_rstd
+                dz = _stage_dz(dy_ring, k + t, x_hat, dy, w_row, b_row, ACTIVATION, SLOTS)
                 sum_dz = gl.sum(dz, axis=1)                                             # [TILE_ROWS]
                 sum_dzx = gl.sum(dz * x_hat, axis=1)
                 if COMPUTE_DW:
@@ -168,21 +172,21 @@ if gluon is not None:
                 sum_g, sum_gx = gl.sum(g_k, axis=0), gl.sum(gx_k, axis=0)             # in chunk order
             c1 = sum_g * inv_numel * rstd                      # dx = (dz w) rstd - x_hat c2 - c1
             c2 = sum_gx * inv_numel * rstd
-            # dx; each slot released once every warp of the partition has read it
-            w_1, b_1 = _affine_rows(p_w, p_b, ch0, rows, inv_rows_per_channel, chunk_rows, HAS_WEIGHT, HAS_BIAS,
-                                    TILE_ROWS, tile)
+            # dx from s and dz; each slot released once every warp of the partition has read it
+            w_1, _ = _affine_rows(p_w, p_b, ch0, rows, inv_rows_per_channel, chunk_rows, HAS_WEIGHT, False, TILE_ROWS,
+                                  tile)
             for t in range(n_tiles):
                 slot = (k + t) % SLOTS
                 s = x_ring.index(slot).load(tile).to(gl.float32)
-                dy = dy_ring.index(slot).load(tile).to(gl.float32)
-                fence_async_shared()      # these generic reads (and the write-back) before the next TMA write
+                dz = dy_ring.index(slot).load(tile).to(gl.float32)
+                fence_async_shared()      # these generic reads (and the write-backs) before the next TMA write
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(slot), count=1)
                 row = t * TILE_ROWS + rows
-                w_row, b_row = w_1, b_1
-                w_1, b_1 = _affine_rows(p_w, p_b, ch0, row + TILE_ROWS, inv_rows_per_channel, chunk_rows, HAS_WEIGHT,
-                                        HAS_BIAS, TILE_ROWS, tile)
-                x_hat, dz = _grad(s, dy, mean_rstd, rstd, w_row, b_row, ACTIVATION)
+                w_row = w_1
+                w_1, _ = _affine_rows(p_w, p_b, ch0, row + TILE_ROWS, inv_rows_per_channel, chunk_rows, HAS_WEIGHT,
+                                      False, TILE_ROWS, tile)
+                x_hat = s * rstd - mean_rstd
                 dx = dz * gl.expand_dims(w_row * rstd, 1) - (x_hat * c2 + c1)
                 if HAS_DRES:
                     gl.store(p_dres + row_base + row, gl.sum(dx, axis=1), mask=row < chunk_rows)
