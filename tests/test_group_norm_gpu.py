@@ -149,13 +149,14 @@ def test_chunked_cuda_graph_gpu(monkeypatch):
 # overflow the ring split over K programs that meet ((8, 320, 128, 128): 4 rounds of 20-tile chunks; K = 2 chunks of
 # 270 rows, 9 per channel: padding rows, not a power of 2; fp32 with K = 4), a group of 3 rows, 90 rows (9 per
 # channel), a residual broadcast over the samples (C, 1, 1), no affine, fp32 (128-column rows); MIN_FILL off so that
-# the small cases take it too.
+# the small cases take it too; "ring-sized": a 28-tile chunk (the whole ring) whose last tile is padded.
 HOPPER_CASES = [
     pytest.param((2, 320, 64, 64), 32, BF16, True, True, (2, 320, 1, 1), "silu", id="sd-64"),
     pytest.param((16, 1280, 32, 32), 32, F16, True, True, (16, 1280, 1, 1), "silu", id="sd-32-many-groups"),
     pytest.param((16, 640, 64, 64), 32, BF16, True, True, (16, 640, 1, 1), "silu", id="sd-64-640"),
     pytest.param((8, 320, 128, 128), 32, BF16, True, True, (8, 320, 1, 1), "silu", id="sd-128-k2-rounds"),
     pytest.param((2, 120, 48, 48), 2, F16, True, True, (2, 120, 1, 1), "silu", id="k2-pad-9-rows-per-channel"),
+    pytest.param((2, 58, 60, 64), 2, F16, True, True, (2, 58, 1, 1), "silu", id="ring-sized-chunk-last-tile-held"),
     pytest.param((1, 64, 64, 64), 2, torch.float32, False, False, None, "silu", id="fp32-noaffine-k4"),
     pytest.param((3, 96, 16, 16), 32, F16, True, False, None, None, id="pad-3-rows"),
     pytest.param((1, 30, 48, 48), 3, BF16, False, True, (30, 1, 1), "silu", id="pad-90-rows-9-per-channel"),
