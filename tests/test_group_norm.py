@@ -359,6 +359,21 @@ def test_odd_layouts_and_unused_grads(device):
     torch.testing.assert_close(wl.grad, ref_w.grad, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(2, 4, 0), (0, 4, 3), (2, 4, 0, 5)])
+def test_empty_inputs(device, shape):
+    """No pixels or no samples: an empty y and dx, and dweight, dbias and the time embedding's gradient are sums over
+    nothing, 0 (torch's own GroupNorm gives NaN for dweight when there are no pixels)."""
+    x = leaf(torch.randn(shape, device=device))
+    w, b = leaf(torch.randn(4, device=device)), leaf(torch.randn(4, device=device))
+    temb = leaf(torch.randn(shape[0], 4, *(1,) * (len(shape) - 2), device=device))
+    y = group_norm(x, 2, w, b, activation="silu", residual=temb)
+    assert y.shape == x.shape
+    grads = torch.autograd.grad(y, (x, w, b, temb), torch.randn_like(y))
+    assert grads[0].shape == x.shape
+    for g, t in zip(grads[1:], (w, b, temb)):
+        assert g.shape == t.shape and torch.equal(g, torch.zeros_like(t))
+
+
 def test_errors(device):
     x = torch.randn(2, 12, 5, device=device)
     with pytest.raises(ValueError, match=r"x has 12 channels \(x.shape\[1\]\), not divisible by num_groups=5"):

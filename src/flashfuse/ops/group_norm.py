@@ -33,6 +33,7 @@ from .._checks import check_same, check_tensor
 from ._custom_op import FlashfuseOp
 from ._triton import cdiv, next_power_of_2, sm_count
 from .group_norm_details._kernels import (
+    _channel_sums_kernel,
     _group_norm_bwd_kernel,
     _group_norm_bwd_sums_kernel,
     _group_norm_fwd_kernel,
@@ -286,12 +287,9 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
         r = None if residual is None else _expand_residual(residual, x)
         sr = None if r is None else _nchw_strides(r)
         if hopper_bwd.eligible(x, dy, dx, num_groups, activation, sr):
-            dw, db, dres = hopper_bwd.backward(dy, x, r, sr, weight, bias, mean, rstd, num_groups, activation, dx,
-                                               compute_dw, compute_db, dres_in_kernel, _alloc)
-            if dres is not None:
-                dres = dres.view(n, c, *(1,) * (x.dim() - 2)).sum_to_size(residual.shape).to(residual.dtype)
-            return (dx, None if dw is None else dw.to(weight.dtype), None if db is None else db.to(bias.dtype),
-                    dres)
+            parts = hopper_bwd.backward(dy, x, r, sr, weight, bias, mean, rstd, num_groups, activation, dx,
+                                        compute_dw, compute_db, dres_in_kernel, _alloc)       # [N, C, rows] each
+            return dx, *_reduce_parts(x, residual, weight, bias, *parts)
     if x.numel() > 0 and _use_chunked(num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD,
                                       x.numel() * x.element_size()):
         r = x if residual is None else _expand_residual(residual, x)
@@ -299,8 +297,8 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
         dw_part, db_part, dres_part = chunked_backward(
             dy, x, r, weight, bias, mean, rstd, dx, strides, _residual_code(residual, strides[1]), num_groups,
             ACTIVATIONS[activation], dres_in_kernel, _chunk_config(x.device), _alloc)
-        return dx, *_reduce_parts(x, residual, weight, bias, n, c, dw_part if compute_dw else None,
-                                  db_part if compute_db else None, dres_part)
+        return dx, *_reduce_parts(x, residual, weight, bias, *(None if t is None else t.transpose(1, 2) for t in (
+            dw_part if compute_dw else None, db_part if compute_db else None, dres_part)))
     plan = _plan(n, num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD, BWD_ELEMENTS_PER_WARP,
                  x.device)
     k = plan.n_chunks
@@ -329,17 +327,58 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
             c, hw, cpg, num_groups, plan.chunk_hw, k, float(cpg * hw), *sx, *sr, *sdy, *sdx,
             MODE=plan.mode, HAS_DRES=dres_in_kernel, BLOCK_K=next_power_of_2(k), REVERSE=REVERSE_SECOND_PASS,
             EVICT=SECOND_PASS_EVICT, **flags)
-    return dx, *_reduce_parts(x, residual, weight, bias, n, c, dw_part, db_part, dres_part)
+    return dx, *_reduce_parts(x, residual, weight, bias, *(None if t is None else t.transpose(1, 2)
+                                                          for t in (dw_part, db_part, dres_part)))
 
 
-def _reduce_parts(x, residual, weight, bias, n, c, dw_part, db_part, dres_part):
-    """dw, db, dresidual from the kernels' fp32 partials [N, chunks, C] (None where not computed)."""
-    dw = None if dw_part is None else dw_part.sum((0, 1)).to(weight.dtype)
-    db = None if db_part is None else db_part.sum((0, 1)).to(bias.dtype)
+# [BLOCK_C, BLOCK_K] partials per step of _channel_sums_kernel (4 warps), BLOCK_K at most CHANNEL_SUMS_MAX_K
+CHANNEL_SUMS_TILE, CHANNEL_SUMS_MAX_K = 4096, 256
+
+
+def _channel_sums(a: Tensor, b: Optional[Tensor], out_a: Tensor, out_b: Optional[Tensor], sum_n: bool) -> None:
+    """out_a[c] = sum over (n, r) of a[n, c, r] (sum_n; else out_a[n, c] = sum over r), a: fp32 partials [N, C, R]
+    with any strides, out_a contiguous in its own dtype; the same for b (a's shape and strides) into out_b."""
+    n, c, r = a.shape
+    if out_a.numel() == 0 or a.numel() == 0:        # no channels; or no samples / pixels: sums of nothing
+        for out in (out_a, out_b):
+            if out is not None:
+                out.zero_()
+        return
+    block_k = min(next_power_of_2(n * r if sum_n else r), CHANNEL_SUMS_MAX_K)
+    block_c = min(next_power_of_2(c), max(1, CHANNEL_SUMS_TILE // block_k))
+    _channel_sums_kernel[(cdiv(c, block_c), 1 if sum_n else n)](
+        a, a if b is None else b, out_a, out_a if out_b is None else out_b, n, c, r, *a.stride(),
+        HAS_B=b is not None, SUM_N=sum_n, BLOCK_C=block_c, BLOCK_K=block_k, num_warps=4)
+
+
+def _reduce_parts(x, residual, weight, bias, dw_part, db_part, dres_part):
+    """dw, db and dresidual (None where their partials are) in their parameters' dtypes from the kernels' fp32
+    partials, each [N, C, R] (R: chunks or rows per channel), in one launch for dw and db and one for dresidual.
+    An empty x (no kernel wrote the partials) gives sums of nothing: 0."""
+    if x.numel() == 0:
+        for part in (dw_part, db_part, dres_part):
+            if part is not None:
+                part.zero_()
+    dw = None if dw_part is None else _alloc(weight.shape, weight.dtype, weight.device)
+    db = None if db_part is None else _alloc(bias.shape, bias.dtype, bias.device)
+    if dw is not None and db is not None and dw.dtype == db.dtype:
+        _channel_sums(dw_part, db_part, dw, db, sum_n=True)
+    else:
+        for part, out in ((dw_part, dw), (db_part, db)):
+            if part is not None:
+                _channel_sums(part, None, out, None, sum_n=True)
     dres = None
-    if dres_part is not None:
-        spatial_ones = (1,) * (x.dim() - 2)
-        dres = dres_part.sum(1).view(n, c, *spatial_ones).sum_to_size(residual.shape).to(residual.dtype)
+    if dres_part is not None:                      # the residual is broadcast over the pixels (see _dres_in_kernel)
+        n, c = x.shape[0], x.shape[1]
+        shape = (1,) * (x.dim() - residual.dim()) + tuple(residual.shape)          # (1 or N, 1 or C, 1, ...)
+        if shape[1] == c and shape[0] in (1, n):   # (N, C, 1, 1), the time embedding, or (1, C, 1, 1)
+            sum_n = shape[0] != n
+            dres = _alloc(residual.shape, residual.dtype, residual.device)
+            _channel_sums(dres_part, None, dres, None, sum_n=sum_n)
+        else:                                       # broadcast over C too: per (n, c) in fp32, then torch
+            per_nc = _alloc((n, c), torch.float32, x.device)
+            _channel_sums(dres_part, None, per_nc, None, sum_n=False)
+            dres = per_nc.view(n, c, *(1,) * (x.dim() - 2)).sum_to_size(residual.shape).to(residual.dtype)
     return dw, db, dres
 
 

@@ -11,7 +11,7 @@ MAX_CHUNK_TILES of the ring; the K programs holding one group's chunks meet once
         sums     per tile, with x_hat = (s - mean) rstd, z = x_hat w_c + b_c, dz = dy act'(z) (s = x + r_c, rounded
                  to x's dtype like the forward, written back to the slot; dz rounded to x's dtype, as eager's
                  silu_backward gives it, and written back over dy, so the dx pass runs no activation):
-                     per row   sum dz, sum dz x_hat      -> db, dw partials (fp32 per (n, c, row); torch sums them)
+                     per row   sum dz, sum dz x_hat      -> db, dw partials (fp32 per (n, c, row), summed later)
                      per chunk sum g, sum g x_hat        (g = dz w_c: the row sums times w_c)
         meet     (K > 1) the chunk's two sums stored, one release increment of the group's counter, spin (acquire)
                  until the K chunks are in, then summed in chunk order (deterministic)
@@ -253,9 +253,10 @@ def eligible(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, num_groups: in
 
 def backward(dy, x, residual, residual_strides, weight, bias, mean, rstd, num_groups, activation, dx, compute_dw,
              compute_db, compute_dres, alloc):
-    """dx (written into dx), and dw, db (fp32 (C,)) and the broadcast residual's gradient summed over the pixels (fp32
-    (N, C)), None where not asked, for an eligible x; residual: expanded to x's shape (a strided view), or None;
-    alloc(shape, dtype, device): group_norm's allocator of the buffers the kernel writes."""
+    """dx (written into dx), and the fp32 partials of dw, db and the broadcast residual's gradient, None where not
+    asked, each [N, C, rows per channel] (contiguous: a sum per 512-byte row; group_norm sums them per channel), for an
+    eligible x; residual: expanded to x's shape (a strided view), or None; alloc(shape, dtype, device): group_norm's
+    allocator of the buffers the kernel writes."""
     n, c = x.shape[0], x.shape[1]
     hw = x.numel() // (n * c)
     cpg, cols = c // num_groups, ROW_BYTES // x.element_size()
@@ -289,8 +290,6 @@ def backward(dy, x, residual, residual_strides, weight, bias, mean, rstd, num_gr
             K_PAD=next_power_of_2(p.n_chunks), TILE_ROWS=tile_rows, TILE_COLS=cols, SLOTS=SLOTS,
             SMEM=gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2), WARPS=COMPUTE_WARPS,
             COMPUTE_REGS=COMPUTE_REGS, LOADER_REGS=LOADER_REGS, num_warps=COMPUTE_WARPS)
-    sums = row_sums.view(-1, n, c, rows_per_channel).sum((1, 3)) if n_sums else None      # [n_sums, C]
-    dw = sums[0] if compute_dw else None
-    db = sums[n_sums - 1] if compute_db else None
-    dres = dres_rows.view(n, c, rows_per_channel).sum(2) if compute_dres else None
-    return dw, db, dres
+    parts = row_sums.view(-1, n, c, rows_per_channel)
+    return (parts[0] if compute_dw else None, parts[n_sums - 1] if compute_db else None,
+            dres_rows.view(n, c, rows_per_channel) if compute_dres else None)
