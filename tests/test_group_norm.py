@@ -359,6 +359,32 @@ def test_odd_layouts_and_unused_grads(device):
     torch.testing.assert_close(wl.grad, ref_w.grad, rtol=1e-5, atol=1e-5)
 
 
+# (N, C, R) of the backward's partials: the Gluon backward's rows per channel (SD levels: R = 4, 16, 64) and the
+# Triton plans' chunks (transposed [N, R, C] buffers), single rows, odd sizes, R past one block.
+CHANNEL_SUM_SHAPES = [(16, 1280, 4), (16, 640, 16), (8, 320, 64), (4, 640, 33), (3, 7, 5), (2, 1280, 1), (5, 33, 300)]
+
+
+def check_channel_sums(device, shapes):
+    """_channel_sums against torch's sums, over (n, r) into bf16 outputs and over r alone into fp32, both layouts."""
+    for n, c, r in shapes:
+        for transposed in (False, True):
+            def part():
+                return torch.randn(n, r, c, device=device).transpose(1, 2) if transposed else torch.randn(
+                    n, c, r, device=device)
+            a, b = part(), part()
+            out_a = torch.full((c,), float("nan"), device=device, dtype=torch.bfloat16)
+            out_b = torch.full((c,), float("nan"), device=device, dtype=torch.bfloat16)
+            gn_ops._channel_sums(a, b, out_a, out_b, sum_n=True)
+            per_n = torch.full((n, c), float("nan"), device=device)
+            gn_ops._channel_sums(b, None, per_n, None, sum_n=False)
+            for out, ref, tol in ((out_a, a.sum((0, 2)), 8e-3), (out_b, b.sum((0, 2)), 8e-3), (per_n, b.sum(2), 1e-6)):
+                assert rel_err(out, ref) < tol, ((n, c, r), transposed)
+
+
+def test_channel_sums(device):
+    check_channel_sums(device, CHANNEL_SUM_SHAPES)
+
+
 @pytest.mark.parametrize("shape", [(2, 4, 0), (0, 4, 3), (2, 4, 0, 5)])
 def test_empty_inputs(device, shape):
     """No pixels or no samples: an empty y and dx, and dweight, dbias and the time embedding's gradient are sums over

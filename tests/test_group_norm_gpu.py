@@ -11,7 +11,8 @@ from flashfuse.ops.group_norm_details import _hopper_bwd, _hopper_fwd, _hopper_f
 from flashfuse.nn.group_norm import GroupNormAct
 from flashfuse.ops.group_norm import group_norm
 from flashfuse.reference.group_norm import group_norm_ref
-from test_group_norm import CL, check, leaf, make, poison, rel_err  # noqa: F401  (poison: autouse NaN fills)
+from test_group_norm import (CHANNEL_SUM_SHAPES, CL, check, check_channel_sums, leaf, make, poison,  # noqa: F401
+                             rel_err)   # (poison: autouse NaN fills)
 
 pytestmark = pytest.mark.gpu
 
@@ -33,6 +34,12 @@ def test_sd_shapes_gpu(shape, dtype, layout):
     y = check(t, 32, "silu", TOL[dtype], eps=1e-6)
     if layout is CL:
         assert y.is_contiguous(memory_format=CL)
+
+
+def test_channel_sums_gpu():
+    """The per-channel sums of the backward's partials, compiled (a first version indexed its flattened (n, r) with // and %
+    by a runtime R and gave wrong per-sample sums at (16, 1280, 4) on an H100, right ones in the interpreter)."""
+    check_channel_sums("cuda", CHANNEL_SUM_SHAPES + [(16, 2560, 4), (8, 1280, 2), (1, 4096, 1)])
 
 
 @pytest.mark.parametrize("activation", [None, "mish", "gelu"])

@@ -331,8 +331,8 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
                                                           for t in (dw_part, db_part, dres_part)))
 
 
-# [BLOCK_C, BLOCK_K] partials per step of _channel_sums_kernel (4 warps), BLOCK_K at most CHANNEL_SUMS_MAX_K
-CHANNEL_SUMS_TILE, CHANNEL_SUMS_MAX_K = 4096, 256
+# [BLOCK_N, BLOCK_C, BLOCK_R] partials per step of _channel_sums_kernel (4 warps), BLOCK_R at most CHANNEL_SUMS_MAX_R
+CHANNEL_SUMS_TILE, CHANNEL_SUMS_MAX_R = 4096, 256
 
 
 def _channel_sums(a: Tensor, b: Optional[Tensor], out_a: Tensor, out_b: Optional[Tensor], sum_n: bool) -> None:
@@ -344,11 +344,12 @@ def _channel_sums(a: Tensor, b: Optional[Tensor], out_a: Tensor, out_b: Optional
             if out is not None:
                 out.zero_()
         return
-    block_k = min(next_power_of_2(n * r if sum_n else r), CHANNEL_SUMS_MAX_K)
-    block_c = min(next_power_of_2(c), max(1, CHANNEL_SUMS_TILE // block_k))
+    block_r = min(next_power_of_2(r), CHANNEL_SUMS_MAX_R)
+    block_n = min(next_power_of_2(n), CHANNEL_SUMS_TILE // block_r) if sum_n else 1
+    block_c = min(next_power_of_2(c), max(1, CHANNEL_SUMS_TILE // (block_r * block_n)))
     _channel_sums_kernel[(cdiv(c, block_c), 1 if sum_n else n)](
         a, a if b is None else b, out_a, out_a if out_b is None else out_b, n, c, r, *a.stride(),
-        HAS_B=b is not None, SUM_N=sum_n, BLOCK_C=block_c, BLOCK_K=block_k, num_warps=4)
+        HAS_B=b is not None, SUM_N=sum_n, BLOCK_N=block_n, BLOCK_C=block_c, BLOCK_R=block_r, num_warps=4)
 
 
 def _reduce_parts(x, residual, weight, bias, dw_part, db_part, dres_part):

@@ -468,29 +468,34 @@ def _group_norm_bwd_kernel(
 
 @triton.jit
 def _channel_sums_kernel(A, B, OUT_A, OUT_B, N, C, R, stride_n, stride_c, stride_r, HAS_B: tl.constexpr,
-                         SUM_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+                         SUM_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
     """The backward's fp32 partials [N, C, R] (any strides; R: chunks or rows per channel) summed per channel:
     OUT[c] = sum over n < N, r < R of A[n, c, r] (SUM_N), else OUT[n, c] = sum over r < R (sample n =
     program_id(1)), in a fixed order (deterministic) and stored in OUT's dtype; the same for B. Programs over
-    channel blocks of BLOCK_C; each step loads [BLOCK_C, BLOCK_K] of the flattened (n, r) index k = n R + r."""
-    pid_c = tl.program_id(0)
-    o_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)                  # [BLOCK_C]
+    channel blocks of BLOCK_C, each step a [BLOCK_N, BLOCK_C, BLOCK_R] tile."""
+    o_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)       # [BLOCK_C]
     m_c = o_c < C
     if SUM_N:
-        n0, n_k = 0, N * R
+        n_lo, n_hi = 0, N
     else:
-        n0, n_k = tl.program_id(1), R
+        n_lo = tl.program_id(1)
+        n_hi = n_lo + 1
     acc_a = tl.zeros([BLOCK_C], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for k0 in range(0, n_k, BLOCK_K):
-        o_k = k0 + tl.arange(0, BLOCK_K)                            # [BLOCK_K]
-        n = n0 + o_k // R
-        offs = o_c[:, None] * stride_c + (n * stride_n + (o_k % R) * stride_r)[None, :]
-        mask = m_c[:, None] & (o_k < n_k)[None, :]
-        acc_a += tl.sum(tl.load(A + offs, mask=mask, other=0.0), axis=1)
-        if HAS_B:
-            acc_b += tl.sum(tl.load(B + offs, mask=mask, other=0.0), axis=1)
-    o_out = o_c if SUM_N else n0 * C + o_c
+    for n0 in range(n_lo, n_hi, BLOCK_N):
+        o_n = n0 + tl.arange(0, BLOCK_N)                            # [BLOCK_N]
+        for r0 in range(0, R, BLOCK_R):
+            o_r = r0 + tl.arange(0, BLOCK_R)                        # [BLOCK_R]
+            offs = (o_n[:, None, None] * stride_n + o_c[None, :, None] * stride_c
+                    + o_r[None, None, :] * stride_r)                # [BLOCK_N, BLOCK_C, BLOCK_R]
+            mask = (o_n < n_hi)[:, None, None] & m_c[None, :, None] & (o_r < R)[None, None, :]
+            acc_a += tl.sum(tl.sum(tl.load(A + offs, mask=mask, other=0.0), axis=2), axis=0)
+            if HAS_B:
+                acc_b += tl.sum(tl.sum(tl.load(B + offs, mask=mask, other=0.0), axis=2), axis=0)
+    if SUM_N:
+        o_out = o_c
+    else:
+        o_out = n_lo * C + o_c
     tl.store(OUT_A + o_out, acc_a.to(OUT_A.dtype.element_ty), mask=m_c)
     if HAS_B:
         tl.store(OUT_B + o_out, acc_b.to(OUT_B.dtype.element_ty), mask=m_c)
