@@ -169,13 +169,14 @@ def test_chunked_mode(device, monkeypatch, layout, shape, groups, activation, we
     cl = layout is CL
     hw = x[0, 0].numel()
     assert gn_ops._use_chunked(groups, shape[1] // groups, hw, cl, 16, x.numel() * itemsize)
-    plan = gn_ops.chunk_plan(shape[0], shape[1], hw, cl, x[0].numel() * itemsize * inputs,
-                             gn_ops._chunk_config(x.device))
-    assert plan.block_c * plan.block_hw <= tile and plan.chunk_hw % plan.block_hw == 0
     cpg = shape[1] // groups
-    assert plan.n_chunks > 1 or plan.chunk_hw > plan.block_hw or cpg % plan.block_c, \
-        "several chunks, several tiles per chunk, or channel blocks straddling groups"
-    assert plan.wave == (wave or shape[0])
+    for backward in (False, True):      # the backward plans with its own programs per SM
+        plan = gn_ops.chunk_plan(shape[0], shape[1], hw, cl, x[0].numel() * itemsize * inputs,
+                                 gn_ops._chunk_config(x.device, backward))
+        assert plan.block_c * plan.block_hw <= tile and plan.chunk_hw % plan.block_hw == 0
+        assert plan.n_chunks > 1 or plan.chunk_hw > plan.block_hw or cpg % plan.block_c, \
+            "several chunks, several tiles per chunk, or channel blocks straddling groups"
+        assert plan.wave == (wave or shape[0])
     t = make(shape, dtype, device, layout=layout, weight=weight, bias=weight, residual=residual,
              shift=300.0 if dtype is F32 else 3.0)
     check(t, groups, activation, TOL[dtype])

@@ -101,6 +101,11 @@ CHUNK_STAGES = 3
 # 85.3 / 243, (16, 640, 64, 64) 80.9 / 229 vs 88.3 / 249, (16, 1280, 32, 32) 39.2 / 144 vs 42.4 / 150; NCHW
 # unchanged (its grids are N x channel blocks at one chunk). 8 or 12 programs per SM: slower in channels_last.
 CHUNK_FIT_WAVE = True
+# The backward's CHUNKED kernels (channels_last on Hopper: no Gluon backward there) at 2 programs per SM, not 4: larger
+# chunks, half the per-chunk partials. Measured (H100, bf16, SiLU, fwd+bwd graph-timed, session 33, `cl_sweep.log`):
+# channels_last (8, 320, 128, 128) 269.5 -> 265.4 us, (16, 640, 64, 64) 264.5 -> 253.2, (16, 1280, 32, 32) 162.0 ->
+# 145.8; tiles of 2048 / 8192, 8 programs per SM, 2 or 4 stages: none faster over the three.
+CHUNK_PROGRAMS_PER_SM_BWD = 2
 # The second pass over x (normalize; dx) of LOOP, SPLIT and CHUNKED walks its tiles backwards, so that it
 # starts on the tiles the first pass read last, still in L2 (see _kernels._tile_start), with this L2 eviction
 # policy on its loads and stores ("" or "evict_first": lines it reads for the last time and lines it writes).
@@ -173,9 +178,9 @@ def _use_chunked(groups: int, cpg: int, hw: int, channels_last: bool, one_tile: 
             and cpg * hw >= CHUNKED_NCHW_MIN_GROUP)
 
 
-def _chunk_config(device: torch.device) -> ChunkConfig:
-    return ChunkConfig(CHUNK_TILE, CHUNK_ELEMENTS_PER_WARP, CHUNK_PROGRAMS_PER_SM, WAVE_BYTES, CHUNK_STAGES,
-                       REVERSE_SECOND_PASS, SECOND_PASS_EVICT, _num_sms(device), CHUNK_FIT_WAVE)
+def _chunk_config(device: torch.device, backward: bool = False) -> ChunkConfig:
+    return ChunkConfig(CHUNK_TILE, CHUNK_ELEMENTS_PER_WARP, CHUNK_PROGRAMS_PER_SM_BWD if backward else CHUNK_PROGRAMS_PER_SM,
+                       WAVE_BYTES, CHUNK_STAGES, REVERSE_SECOND_PASS, SECOND_PASS_EVICT, _num_sms(device), CHUNK_FIT_WAVE)
 
 
 def _alloc(shape, dtype, device) -> Tensor:
@@ -296,7 +301,7 @@ def _backward(dy, x, residual, weight, bias, mean, rstd, num_groups, activation,
         strides = tuple(_nchw_strides(t) for t in (x, r, dy, dx))
         dw_part, db_part, dres_part = chunked_backward(
             dy, x, r, weight, bias, mean, rstd, dx, strides, _residual_code(residual, strides[1]), num_groups,
-            ACTIVATIONS[activation], dres_in_kernel, _chunk_config(x.device), _alloc)
+            ACTIVATIONS[activation], dres_in_kernel, _chunk_config(x.device, backward=True), _alloc)
         return dx, *_reduce_parts(x, residual, weight, bias, *(None if t is None else t.transpose(1, 2) for t in (
             dw_part if compute_dw else None, db_part if compute_db else None, dres_part)))
     plan = _plan(n, num_groups, cpg, hw, x.stride(1) == 1 and hw > 1, ONE_TILE_BWD, BWD_ELEMENTS_PER_WARP,
