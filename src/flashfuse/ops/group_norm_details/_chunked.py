@@ -25,7 +25,7 @@ Forward
     3 apply    (n, k, cb): mu, rstd gathered per channel (MEAN[n, c // CPG]), y = act((s - mu) rstd w + b).
 Backward (g = dz w, dz = dy act'(z), x_hat = (s - mu) rstd)
     1 sums     (n, k, cb): per channel sum(dz x_hat) and sum(dz) over the chunk -> DW_PART, DB_PART [N, K, C]
-               (these are the dw / db partials, summed by torch afterwards, and the group sums' inputs).
+               (these are the dw / db partials, summed afterwards by _channel_sums_kernel, and the group sums' inputs).
     2 finalize (n, g): c1 = sum_c w_c DW_PART / M = mean(g x_hat), c2 = sum_c w_c DB_PART / M = mean(g).
     3 dx       (n, k, cb): dx = rstd (g - c2 - x_hat c1); per channel sum of dx (broadcast residual).
 

@@ -29,7 +29,8 @@ Backward (VJP), with x_hat = (s - mu) * rstd recomputed from s and the saved mu,
 (d rstd / d s_i = -rstd^3 (s_i - mu) / M and d mu / d s_i = 1 / M give the two mean terms.) Two sums per
 group, sum(g) and sum(g * x_hat), come before ds: a group held in registers (ONE_TILE) needs one read of
 s and dy, a larger group a first pass for the sums. dw / db / the residual's per-channel sums are written
-as fp32 partials per (sample, chunk, channel) and summed by torch afterwards: deterministic, no atomics.
+as fp32 partials per (sample, chunk, channel) and summed per channel afterwards by _channel_sums_kernel (end of this
+file), in a fixed order: deterministic, no atomics.
 
 Modes (a constexpr; the launcher picks one, see ``group_norm.py``):
     ONE_TILE  the whole group is one [BLOCK_C, BLOCK_HW] tile in registers: one read, one write.
