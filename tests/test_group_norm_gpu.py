@@ -36,6 +36,16 @@ def test_sd_shapes_gpu(shape, dtype, layout):
         assert y.is_contiguous(memory_format=CL)
 
 
+# SD-1.5's up blocks normalize concatenations: 960 / 1920 channels (30 / 60 per group: NCHW blocks of 32 / 64 channels
+# with padding lanes), and 90 per group for a wider one (three blocks of 32).
+@pytest.mark.parametrize("shape", [(2, 960, 32, 32), (2, 1920, 32, 32), (2, 2880, 16, 16)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])
+def test_sd_concat_shapes_gpu(shape, layout):
+    t = make(shape, BF16, "cuda", layout=layout, residual=shape[:2] + (1, 1))
+    check(t, 32, "silu", TOL[BF16], eps=1e-6)
+
+
 def test_channel_sums_gpu():
     """The per-channel sums of the backward's partials, compiled (a first version indexed its flattened (n, r) with // and %
     by a runtime R and gave wrong per-sample sums at (16, 1280, 4) on an H100, right ones in the interpreter)."""
