@@ -73,9 +73,10 @@ def _tokens(p):
     return p["B"] * p["T"] * p["D"]
 
 
-# SD-1.5 U-Net levels at 512x512 (64x64 latents) with batch 2 (CFG), and the protocol's training-size levels.
+# SD-1.5 U-Net levels at 512x512 (64x64 latents) with batch 2 (CFG), one of its up blocks' concatenations (960
+# channels: 30 per group), and the protocol's training-size levels.
 GN_SHAPES = tuple(dict(N=n, C=c, H=h, layout=layout)
-                  for n, c, h in ((2, 320, 64), (8, 320, 128), (16, 640, 64), (16, 1280, 32))
+                  for n, c, h in ((2, 320, 64), (2, 960, 32), (8, 320, 128), (16, 640, 64), (16, 1280, 32))
                   for layout in ("nchw", "channels_last"))
 GN_CPU = (dict(N=2, C=64, H=5, layout="nchw"), dict(N=2, C=64, H=5, layout="channels_last"))
 
