@@ -133,16 +133,16 @@ def test_launch_modes(device, monkeypatch, mode, layout, order):
 
 @pytest.mark.parametrize("mode", ["loop", "split"])
 def test_nchw_padded_channel_block(device, monkeypatch, mode):
-    """NCHW groups of 30 channels run in blocks of 32 (two padding channels masked), not the dividing block of 2,
-    in the looped and the split plans; a block of 90 as three of 32."""
+    """NCHW groups of 30 channels split over programs run in blocks of 32 (two padding channels masked), not the
+    dividing block of 2 (which the looped plan keeps); the rule: 90 channels as three blocks of 32."""
     monkeypatch.setattr(gn_ops, "ONE_TILE_FWD", 16)
     monkeypatch.setattr(gn_ops, "ONE_TILE_BWD", 16)
     if mode == "split":
         monkeypatch.setattr(gn_ops, "INTERPRETER_SMS", 4)
         monkeypatch.setattr(gn_ops, "MIN_CHUNK_ELEMENTS", 16)
-    assert [gn_ops._nchw_channel_block(c) for c in (30, 90, 20, 15, 64)] == [32, 32, 4, 16, 64]
+    assert [gn_ops._nchw_channel_block(c) for c in (30, 60, 90, 20, 15, 64)] == [32, 32, 32, 4, 16, 64]
     plan = gn_ops._plan(2, 2, 30, 35, False, 16, gn_ops.FWD_ELEMENTS_PER_WARP, torch.device(device))
-    assert plan.block_c == 32
+    assert plan.block_c == (32 if mode == "split" else 2)
     assert plan.mode == (gn_ops.MODE_SPLIT if mode == "split" else gn_ops.MODE_LOOP)
     t = make((2, 60, 5, 7), F32, device, residual=(2, 60, 1, 1), shift=300.0)
     check(t, 2, "silu", TOL[F32])

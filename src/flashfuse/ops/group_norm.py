@@ -69,7 +69,7 @@ FWD_ELEMENTS_PER_WARP, BWD_ELEMENTS_PER_WARP, LOOP_ELEMENTS_PER_WARP, MAX_WARPS 
 SPLIT_BELOW_GROUPS_PER_SM, SPLIT_PROGRAMS_PER_SM, MIN_CHUNK_ELEMENTS = 2, 4, 2048
 # NCHW channel blocks (_nchw_channel_block): at most this share of padding lanes, and at least MIN_RUN pixels per
 # channel row of a LOOP_TILE tile (unless the block divides the group).
-NCHW_PAD_SHARE, MIN_RUN = 1 / 8, 32
+NCHW_PAD_SHARE, MIN_RUN = 1 / 8, 64
 INTERPRETER_SMS = 1   # in the interpreter (tests raise it to force SPLIT)
 
 # (A RESIDENT mode that read x once, register-resident chunks meeting at global counters, measured far slower
@@ -151,14 +151,18 @@ def _plan(n: int, groups: int, cpg: int, hw: int, channels_contiguous: bool, one
     if block_c * block_hw <= one_tile:
         return _Plan(MODE_ONE_TILE, block_c, block_hw, hw, 1,
                      min(MAX_WARPS, max(1, block_c * block_hw // per_warp)))
+    sms = _num_sms(device)
+    split = n * groups < SPLIT_BELOW_GROUPS_PER_SM * sms
     if not channels_contiguous:
-        block_c = _nchw_channel_block(cpg)
+        # Pixels are contiguous (NCHW): long runs of HW per channel, and a channel block that divides the group
+        # (10 channels -> 2) so no lanes idle on padding channels; split groups, whose chunks are short, in padded
+        # blocks where the dividing one is tiny (_nchw_channel_block).
+        block_c = _nchw_channel_block(cpg) if split else cpg & -cpg
     # channels_last: a pixel's cpg channels are the contiguous run, so the tile spans all of them.
     block_c = min(block_c, LOOP_TILE)
     block_hw = max(1, min(block_hw, LOOP_TILE // block_c))
     chunk_hw, n_chunks = hw, 1
-    sms = _num_sms(device)
-    if n * groups < SPLIT_BELOW_GROUPS_PER_SM * sms:
+    if split:
         want = cdiv(SPLIT_PROGRAMS_PER_SM * sms, n * groups)
         chunk_hw = max(cdiv(hw, want), cdiv(MIN_CHUNK_ELEMENTS, cpg))
         block_hw = min(block_hw, next_power_of_2(chunk_hw))
@@ -172,11 +176,12 @@ def _plan(n: int, groups: int, cpg: int, hw: int, channels_contiguous: bool, one
 
 
 def _nchw_channel_block(cpg: int) -> int:
-    """Channels per tile row block of the NCHW LOOP / SPLIT plans: the largest power of two whose blocks pad the
-    group's cpg channels by at most NCHW_PAD_SHARE and leave rows of at least MIN_RUN pixels (or that divides cpg).
-    Was always the largest dividing power of two (cpg & -cpg), tiny for SD's up-block concatenations: 960 channels
-    (30 per group) made [2, 128] tiles of one warp, 15 per split chunk, 12.6 us at (2, 960, 32, 32) against
-    torch.compile's 8.3; blocks of 32 channels take 7.3 (H100, session 34)."""
+    """Channels per tile row block of the NCHW SPLIT plan: the largest power of two whose blocks pad the group's cpg
+    channels by at most NCHW_PAD_SHARE and leave rows of at least MIN_RUN pixels (or that divides cpg). The largest
+    dividing power of two (cpg & -cpg, which LOOP keeps) is tiny for SD's up-block concatenations: 960 channels (30
+    per group) made [2, 128] tiles of one warp, 15 per split chunk, 12.7 us at (2, 960, 32, 32) against
+    torch.compile's 8.3; blocks of 32 channels take 7.4 (H100, session 34). In LOOP the padded blocks measured
+    mixed (forward 3-10% slower, forward + backward 9-20% faster at most shapes, 12% slower at (16, 3840, 16, 16))."""
     divides = cpg & -cpg
     block = next_power_of_2(cpg)
     while block > divides and (cdiv(cpg, block) * block > (1 + NCHW_PAD_SHARE) * cpg
