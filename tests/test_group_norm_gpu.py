@@ -36,8 +36,8 @@ def test_sd_shapes_gpu(shape, dtype, layout):
         assert y.is_contiguous(memory_format=CL)
 
 
-# SD-1.5's up blocks normalize concatenations: 960 / 1920 channels (30 / 60 per group: NCHW blocks of 32 / 64 channels
-# with padding lanes), and 90 per group for a wider one (three blocks of 32).
+# SD-1.5's up blocks normalize concatenations: 960 / 1920 channels (30 / 60 per group: at batch 2 the NCHW split plan
+# takes blocks of 32 channels with padding lanes), and 90 per group for a wider one (three blocks of 32).
 @pytest.mark.parametrize("shape", [(2, 960, 32, 32), (2, 1920, 32, 32), (2, 2880, 16, 16)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("layout", [None, CL], ids=["nchw", "cl"])

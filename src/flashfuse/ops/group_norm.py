@@ -179,8 +179,8 @@ def _nchw_channel_block(cpg: int) -> int:
     """Channels per tile row block of the NCHW SPLIT plan: the largest power of two whose blocks pad the group's cpg
     channels by at most NCHW_PAD_SHARE and leave rows of at least MIN_RUN pixels (or that divides cpg). The largest
     dividing power of two (cpg & -cpg, which LOOP keeps) is tiny for SD's up-block concatenations: 960 channels (30
-    per group) made [2, 128] tiles of one warp, 15 per split chunk, 12.7 us at (2, 960, 32, 32) against
-    torch.compile's 8.3; blocks of 32 channels take 7.4 (H100, session 34). In LOOP the padded blocks measured
+    per group) made [2, 128] tiles of one warp, 15 per split chunk, 12.6 us at (2, 960, 32, 32) against
+    torch.compile's 9.8 in the same run; blocks of 32 channels take 7.3 (H100, session 34). In LOOP the padded blocks measured
     mixed (forward 3-10% slower, forward + backward 9-20% faster at most shapes, 12% slower at (16, 3840, 16, 16))."""
     divides = cpg & -cpg
     block = next_power_of_2(cpg)
