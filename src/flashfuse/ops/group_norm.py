@@ -180,14 +180,15 @@ def _nchw_channel_block(cpg: int) -> int:
     channels by at most NCHW_PAD_SHARE and leave rows of at least MIN_RUN pixels (or that divides cpg). The largest
     dividing power of two (cpg & -cpg, which LOOP keeps) is tiny for SD's up-block concatenations: 960 channels (30
     per group) made [2, 128] tiles of one warp, 15 per split chunk, 12.6 us at (2, 960, 32, 32) against
-    torch.compile's 9.8 in the same run; blocks of 32 channels take 7.3 (H100, session 34). In LOOP the padded blocks measured
-    mixed (forward 3-10% slower, forward + backward 9-20% faster at most shapes, 12% slower at (16, 3840, 16, 16))."""
+    torch.compile's 9.8 in the same run; blocks of 32 channels take 7.3 (H100, session 34). In LOOP the padded
+    blocks measured mixed (forward 3-10% slower, forward + backward 9-20% faster at most shapes, 12% slower at
+    (16, 3840, 16, 16))."""
     divides = cpg & -cpg
     block = next_power_of_2(cpg)
     while block > divides and (cdiv(cpg, block) * block > (1 + NCHW_PAD_SHARE) * cpg
                                or block * MIN_RUN > LOOP_TILE):
         block //= 2
-    return min(block, LOOP_TILE)
+    return block
 
 
 def _use_chunked(groups: int, cpg: int, hw: int, channels_last: bool, one_tile: int, nbytes: int) -> bool:
@@ -199,8 +200,9 @@ def _use_chunked(groups: int, cpg: int, hw: int, channels_last: bool, one_tile: 
 
 
 def _chunk_config(device: torch.device, backward: bool = False) -> ChunkConfig:
-    return ChunkConfig(CHUNK_TILE, CHUNK_ELEMENTS_PER_WARP, CHUNK_PROGRAMS_PER_SM_BWD if backward else CHUNK_PROGRAMS_PER_SM,
-                       WAVE_BYTES, CHUNK_STAGES, REVERSE_SECOND_PASS, SECOND_PASS_EVICT, _num_sms(device), CHUNK_FIT_WAVE)
+    programs_per_sm = CHUNK_PROGRAMS_PER_SM_BWD if backward else CHUNK_PROGRAMS_PER_SM
+    return ChunkConfig(CHUNK_TILE, CHUNK_ELEMENTS_PER_WARP, programs_per_sm, WAVE_BYTES, CHUNK_STAGES,
+                       REVERSE_SECOND_PASS, SECOND_PASS_EVICT, _num_sms(device), CHUNK_FIT_WAVE)
 
 
 def _alloc(shape, dtype, device) -> Tensor:
