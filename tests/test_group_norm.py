@@ -262,6 +262,29 @@ def test_hopper_backward_plan():
             assert n * 32 * cpg * rows_per_channel >= bwd.MIN_FILL * rounds * -(-p.chunk_rows // tile_rows) * tile_rows * 132
 
 
+def test_slot_barrier_offset():
+    """The ring kernels' `empty` barriers located in PTX as triton 3.6 writes it (pure Python): the run of mbarriers
+    initialised with the compute warps' count, whatever order the inits come in; anything else raises."""
+    from flashfuse.ops.group_norm_details._hopper_fwd import slot_barrier_offset
+
+    def ptx(inits):
+        lines = ["\tmov.b32 \t%r640, global_smem;"]
+        for i, (offset, count) in enumerate(inits):
+            lines += [f"\tadd.s32 \t%r{700 + i}, %r640, {offset};",
+                      f"\t@%p31 mbarrier.init.shared::cta.b64 [%r{700 + i}], {count};"]
+        return "\n".join(lines)
+
+    ready, empty = 229552, 229664
+    inits = [(ready + 8 * i, 1) for i in range(14)] + [(empty + 8 * i, 8) for i in range(14)]
+    assert slot_barrier_offset(ptx(inits[::-1]), 8, 14) == empty
+    with pytest.raises(RuntimeError, match="14 mbarriers initialised with 8"):
+        slot_barrier_offset(ptx(inits[:14]), 8, 14)                              # no barrier with 8 arrivals
+    with pytest.raises(RuntimeError, match="14 mbarriers"):
+        slot_barrier_offset(ptx(inits[:-1]), 8, 14)                              # one short
+    with pytest.raises(RuntimeError, match="14 mbarriers"):
+        slot_barrier_offset(ptx(inits[:14] + [(empty + 16 * i, 8) for i in range(14)]), 8, 14)   # not one run
+
+
 def test_chunk_plan_at_real_sizes():
     """SD shapes on 132 SMs: >= 2 programs per SM in every wave, whole 128-byte channels_last rows, waves
     within WAVE_BYTES (or one sample; WAVE_BYTES = 0: one wave), chunks that cover HW exactly once, and with

@@ -108,30 +108,51 @@ class LaunchCache:
     new combination goes through triton's path once. Only on the release whose launcher this calls
     (FAST_LAUNCH_TRITON), and only while nothing else must see each launch (launch or pre-run hooks, debug or
     instrumentation modes); the interpreter and other releases take the plain launch. Runtime arguments are
-    passed positionally, before the constexprs in the kernel's signature; the grid is a tuple."""
+    passed positionally, before the constexprs in the kernel's signature; the grid is a tuple.
 
-    def __init__(self, kernel):
+    ``ptx_args``: for a kernel whose last runtime arguments are facts of its own compiled code (the shared-memory
+    offset of a barrier array that inline asm addresses: group_norm_details/_hopper_fwd.py's slot_barrier_offset), a
+    function of (PTX, constexprs) giving those arguments. Callers pass the others; the kernel is compiled (not run)
+    once per variant to read them, with 0 in their place (their values stay runtime arguments: one compile)."""
+
+    def __init__(self, kernel, ptx_args=None):
         self.kernel = kernel
         self.compiled = {}
         self.fast = not INTERPRET and triton.__version__.startswith(FAST_LAUNCH_TRITON)
+        self.ptx_args, self.from_ptx = ptx_args, {}
 
     def __call__(self, grid, *args, **constexprs):
         """kernel[grid](*args, **constexprs). Returns the cache entry it launched (for `run`), or None where triton's
         own path ran."""
         if not self.fast or _plain_launch_needed(self.kernel):
-            self.kernel[grid](*args, **constexprs)
+            self.kernel[grid](*args, *self._args_from_ptx(grid, args, constexprs), **constexprs)
             return None
         device = torch.cuda.current_device()
         key = (device, tuple((name, type(value), value) for name, value in constexprs.items()),
                tuple(map(_arg_specialization, args)))
         entry = self.compiled.get(key)
         if entry is None:
-            compiled = self.kernel[grid](*args, **constexprs)
+            extra = self._args_from_ptx(grid, args, constexprs)
+            compiled = self.kernel[grid](*args, *extra, **constexprs)
             if compiled is not None:               # (None: a compile hook took over; nothing to keep)
-                self.compiled[key] = (compiled, self._constexpr_tail(len(args), constexprs), device)
+                self.compiled[key] = (compiled, extra + self._constexpr_tail(len(args) + len(extra), constexprs),
+                                      device)
             return None
         self._launch(entry, grid, args)
         return entry
+
+    def _args_from_ptx(self, grid, args, constexprs) -> tuple:
+        """The trailing runtime arguments that ptx_args reads from this variant's PTX (none without ptx_args)."""
+        if self.ptx_args is None:
+            return ()
+        key = (torch.cuda.current_device(), tuple((name, type(value), value) for name, value in constexprs.items()),
+               tuple(map(_arg_specialization, args)))
+        extra = self.from_ptx.get(key)
+        if extra is None:
+            placeholders = (0, ) * (sum(not param.is_constexpr for param in self.kernel.params) - len(args))
+            ptx = self.kernel.warmup(*args, *placeholders, grid=grid, **constexprs).asm["ptx"]
+            extra = self.from_ptx[key] = tuple(self.ptx_args(ptx, constexprs))
+        return extra
 
     def run(self, entry, grid, args: tuple, constexprs: dict):
         """Launch again from an entry that __call__ returned, skipping its key: for callers that keep the entry per

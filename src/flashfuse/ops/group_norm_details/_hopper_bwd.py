@@ -38,13 +38,15 @@ from .._triton import LaunchCache, next_power_of_2, sm_count
 from .._triton import bind_cuda_context, host_descriptor
 from ..attention.flash_fwd_hopper import available, gluon
 from ._hopper_fwd import ACTIVATIONS, COMPUTE_REGS, COMPUTE_WARPS, LOADER_REGS, ROW_BYTES, TILE_BYTES, Plan
+from ._hopper_fwd import slot_barrier_offset
 from ._hopper_fwd import plan as _plan
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-    from ._hopper_fwd import _NEG_LOG2E, _affine_rows, _after_previous_chunk, _ex2, _exchange, _rcp, _row_load, _store_rows
+    from ._hopper_fwd import (_NEG_LOG2E, _affine_rows, _after_previous_chunk, _ex2, _exchange, _rcp, _release_slot,
+                              _row_load, _store_rows)
 
 SLOTS = 14                        # x + dy tiles of 8 KB each: 224 KB of ring (227 KB is the sm_90 limit)
 # A chunk's tiles, at most. Chunks of up to half the ring keep both partitions' rounds in flight, but larger chunks
@@ -117,7 +119,7 @@ if gluon is not None:
                  ACTIVATION: gl.constexpr, COMPUTE_DW: gl.constexpr, COMPUTE_DB: gl.constexpr,
                  HAS_DRES: gl.constexpr, HAS_PAD: gl.constexpr, MEET: gl.constexpr, K_PAD: gl.constexpr,
                  TILE_ROWS: gl.constexpr, TILE_COLS: gl.constexpr, SLOTS: gl.constexpr, WARPS: gl.constexpr,
-                 PART: gl.constexpr, PARTS: gl.constexpr):
+                 PART: gl.constexpr, PARTS: gl.constexpr, empty_off):
         """Sums, meeting and dx pass of the rounds i = PART, PART + PARTS, ... of this program (module docstring)."""
         VEC: gl.constexpr = TILE_COLS // 32
         tile: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS, 1], [1, 0])   # a warp reads whole rows
@@ -172,7 +174,7 @@ if gluon is not None:
                 sum_g, sum_gx = gl.sum(g_k, axis=0), gl.sum(gx_k, axis=0)             # in chunk order
             c1 = sum_g * inv_numel * rstd                      # dx = (dz w) rstd - x_hat c2 - c1
             c2 = sum_gx * inv_numel * rstd
-            # dx from s and dz; each slot released once every warp of the partition has read it
+            # dx from s and dz; each warp releases a slot once it has read its rows
             w_1, _ = _affine_rows(p_w, p_b, ch0, rows, inv_rows_per_channel, chunk_rows, HAS_WEIGHT, False, TILE_ROWS,
                                   tile)
             for t in range(n_tiles):
@@ -180,8 +182,7 @@ if gluon is not None:
                 s = x_ring.index(slot).load(tile).to(gl.float32)
                 dz = dy_ring.index(slot).load(tile).to(gl.float32)
                 fence_async_shared()      # these generic reads (and the write-backs) before the next TMA write
-                gl.thread_barrier()
-                mbarrier.arrive(empty.index(slot), count=1)
+                _release_slot(slot, empty_off, WARPS)
                 row = t * TILE_ROWS + rows
                 w_row = w_1
                 w_1, _ = _affine_rows(p_w, p_b, ch0, row + TILE_ROWS, inv_rows_per_channel, chunk_rows, HAS_WEIGHT,
@@ -197,6 +198,7 @@ if gluon is not None:
     def _group_norm_bwd_hopper_kernel(
             x_desc, dy_desc, p_res, p_w, p_b, p_mean, p_rstd, p_dx, p_dw, p_db, p_dres, p_part, p_count, n_groups,
             groups, cpg, n_chunks, per_round, chunk_rows, inv_rows_per_channel, stride_rn, stride_rc, inv_numel,
+            empty_off,
             HAS_RESIDUAL: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
             COMPUTE_DW: gl.constexpr, COMPUTE_DB: gl.constexpr, HAS_DRES: gl.constexpr, HAS_PAD: gl.constexpr,
             MEET: gl.constexpr, K_PAD: gl.constexpr, TILE_ROWS: gl.constexpr, TILE_COLS: gl.constexpr,
@@ -208,21 +210,24 @@ if gluon is not None:
         empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(SLOTS):
             mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
+            mbarrier.init(empty.index(i), count=WARPS)      # one arrive per compute warp (_release_slot)
         gl.warp_specialize([   # two compute partitions take the rounds in turn, one's meeting beside the other's work
             (_compute, (x_ring, dy_ring, ready, empty, p_res, p_w, p_b, p_mean, p_rstd, p_dx, p_dw, p_db, p_dres,
                         p_part, p_count, n_groups, groups, cpg, n_chunks, per_round, chunk_rows, inv_rows_per_channel,
                         stride_rn, stride_rc, inv_numel, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, COMPUTE_DW,
-                        COMPUTE_DB, HAS_DRES, HAS_PAD, MEET, K_PAD, TILE_ROWS, TILE_COLS, SLOTS, WARPS, 0, 2)),
+                        COMPUTE_DB, HAS_DRES, HAS_PAD, MEET, K_PAD, TILE_ROWS, TILE_COLS, SLOTS, WARPS, 0, 2,
+                        empty_off)),
             (_compute, (x_ring, dy_ring, ready, empty, p_res, p_w, p_b, p_mean, p_rstd, p_dx, p_dw, p_db, p_dres,
                         p_part, p_count, n_groups, groups, cpg, n_chunks, per_round, chunk_rows, inv_rows_per_channel,
                         stride_rn, stride_rc, inv_numel, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, COMPUTE_DW,
-                        COMPUTE_DB, HAS_DRES, HAS_PAD, MEET, K_PAD, TILE_ROWS, TILE_COLS, SLOTS, WARPS, 1, 2)),
+                        COMPUTE_DB, HAS_DRES, HAS_PAD, MEET, K_PAD, TILE_ROWS, TILE_COLS, SLOTS, WARPS, 1, 2,
+                        empty_off)),
             (_loader, (x_desc, dy_desc, x_ring, dy_ring, ready, empty, n_groups, n_chunks, per_round, chunk_rows,
                        TILE_ROWS, SLOTS)),
         ], [WARPS, 1], [COMPUTE_REGS, LOADER_REGS])
 
-    _launch = LaunchCache(_group_norm_bwd_hopper_kernel)
+    _launch = LaunchCache(_group_norm_bwd_hopper_kernel,
+                          ptx_args=lambda ptx, cx: (slot_barrier_offset(ptx, cx["WARPS"], cx["SLOTS"]), ))
 
 
 _GL_BITS = {torch.float16: 16, torch.bfloat16: 16, torch.float32: 32}

@@ -35,6 +35,7 @@ statistics, s rounded to x's dtype like torch's add) and glu.py's SiLU (MUFU ex2
 from __future__ import annotations
 
 import functools
+import re
 from typing import NamedTuple, Optional
 
 import torch
@@ -73,6 +74,23 @@ if gluon is not None:
         """1 / x, one MUFU.RCP (flush-to-zero)."""
         return gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
                                          pack=1)
+
+    @gluon.jit
+    def _release_slot(slot, empty_off, WARPS: gl.constexpr):
+        """Each warp of the partition arrives once at the `empty` mbarrier of ring slot `slot` (WARPS arrivals complete
+        it; `empty_off`: the barriers' byte offset in the CTA's shared memory, slot_barrier_offset), once all its lanes
+        are past a warp barrier: their reads of the slot, each fenced against the loader's next TMA write, ordered
+        before lane 0's (release) arrive, as CUTLASS releases a pipeline stage. Gluon's own arrive (one elected thread)
+        gets a bar.sync of the whole partition from triton 3.6's Membar before it, so every tile of a pass ended in
+        the 8 warps waiting for the slowest. Inline asm with the address taken from triton's `global_smem` symbol
+        (Gluon gives no address of an allocation). Session 35 (H100, same bits): forwards up to 5% faster, the backward
+        up to 3%, none slower by more than 2%."""
+        one_per_thread: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        thread = gl.arange(0, 32 * WARPS, layout=one_per_thread)
+        gl.inline_asm_elementwise(
+            "{ .reg .pred lane0; .reg .u32 bar; setp.eq.u32 lane0, $1, 0; mov.u32 bar, global_smem; "
+            "add.u32 bar, bar, $2; bar.warp.sync -1; @lane0 mbarrier.arrive.shared::cta.b64 _, [bar]; mov.u32 $0, 0; }",
+            "=r,r,r", [thread % 32, thread * 0 + (empty_off + slot * 8)], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _store_rows(ptr, value, row, n_rows, cols, HAS_PAD: gl.constexpr):
@@ -230,7 +248,7 @@ if gluon is not None:
                  ACTIVATION: gl.constexpr, HAS_PAD: gl.constexpr, MEET: gl.constexpr, K_PAD: gl.constexpr,
                  TILE_ROWS: gl.constexpr,
                  TILE_COLS: gl.constexpr, SLOTS: gl.constexpr, WARPS: gl.constexpr, PART: gl.constexpr,
-                 PARTS: gl.constexpr):
+                 PARTS: gl.constexpr, empty_off):
         """The passes over each chunk held in the ring (see the module docstring): of this program's groups
         i = 0, 1, ... (group pid // K + i * per_round, its chunk pid % K: tiles i * T .. i * T + T - 1 of the ring's
         sequence), those with i % PARTS == PART."""
@@ -264,14 +282,13 @@ if gluon is not None:
             if j == 0:
                 gl.store(p_mean + grp, mean)
                 gl.store(p_rstd + grp, rstd)
-            # pass 3: normalize, activate, store; each slot released once every warp has read it
+            # pass 3: normalize, activate, store; each warp releases a slot once it has read its rows
             base = u.to(gl.int64) * rows_per_group * TILE_COLS
             for t in range(n_tiles):
                 slot = (k + t) % SLOTS
                 s = ring.index(slot).load(tile).to(gl.float32)
                 fence_async_shared()      # these generic reads (and the write-back) before the next TMA write
-                gl.thread_barrier()
-                mbarrier.arrive(empty.index(slot), count=1)
+                _release_slot(slot, empty_off, WARPS)
                 row = t * TILE_ROWS + rows
                 w_row, b_row, w_1, b_1 = w_1, b_1, w_2, b_2
                 w_2, b_2 = _affine_rows(p_w, p_b, ch0, row + 2 * TILE_ROWS, inv_rows_per_channel, rows_per_group,
@@ -288,7 +305,7 @@ if gluon is not None:
     @gluon.jit
     def _group_norm_fwd_hopper_kernel(
             x_desc, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_count, n_groups, groups, cpg, n_chunks, per_round,
-            rows_per_group, inv_rows_per_channel, stride_rn, stride_rc, inv_numel, eps,
+            rows_per_group, inv_rows_per_channel, stride_rn, stride_rc, inv_numel, eps, empty_off,
             HAS_RESIDUAL: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
             HAS_PAD: gl.constexpr, MEET: gl.constexpr, K_PAD: gl.constexpr, TILE_ROWS: gl.constexpr, TILE_COLS: gl.constexpr,
             SLOTS: gl.constexpr, SMEM: gl.constexpr, WARPS: gl.constexpr, PARTS: gl.constexpr,
@@ -298,13 +315,13 @@ if gluon is not None:
         empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(SLOTS):
             mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
+            mbarrier.init(empty.index(i), count=WARPS)      # one arrive per compute warp (_release_slot)
         if PARTS == 1:
             gl.warp_specialize([
                 (_compute, (ring, ready, empty, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_count, n_groups, groups, cpg,
                             n_chunks, per_round, rows_per_group, inv_rows_per_channel, stride_rn, stride_rc, inv_numel,
                             eps, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_PAD, MEET, K_PAD, TILE_ROWS,
-                            TILE_COLS, SLOTS, WARPS, 0, 1)),
+                            TILE_COLS, SLOTS, WARPS, 0, 1, empty_off)),
                 (_loader, (x_desc, ring, ready, empty, n_groups, n_chunks, per_round, rows_per_group, TILE_ROWS, SLOTS)),
             ], [1], [LOADER_REGS])
         else:   # two compute partitions take the groups in turn: one's statistics beside the other's pass 3
@@ -312,18 +329,37 @@ if gluon is not None:
                 (_compute, (ring, ready, empty, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_count, n_groups, groups, cpg,
                             n_chunks, per_round, rows_per_group, inv_rows_per_channel, stride_rn, stride_rc, inv_numel,
                             eps, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_PAD, MEET, K_PAD, TILE_ROWS,
-                            TILE_COLS, SLOTS, WARPS, 0, 2)),
+                            TILE_COLS, SLOTS, WARPS, 0, 2, empty_off)),
                 (_compute, (ring, ready, empty, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_count, n_groups, groups, cpg,
                             n_chunks, per_round, rows_per_group, inv_rows_per_channel, stride_rn, stride_rc, inv_numel,
                             eps, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_PAD, MEET, K_PAD, TILE_ROWS,
-                            TILE_COLS, SLOTS, WARPS, 1, 2)),
+                            TILE_COLS, SLOTS, WARPS, 1, 2, empty_off)),
                 (_loader, (x_desc, ring, ready, empty, n_groups, n_chunks, per_round, rows_per_group, TILE_ROWS, SLOTS)),
             ], [WARPS, 1], [COMPUTE_REGS, LOADER_REGS])
 
-    _launch = LaunchCache(_group_norm_fwd_hopper_kernel)
+    _launch = LaunchCache(_group_norm_fwd_hopper_kernel,
+                          ptx_args=lambda ptx, cx: (slot_barrier_offset(ptx, cx["WARPS"], cx["SLOTS"]), ))
 
 
 _GL_BITS = {torch.float16: 16, torch.bfloat16: 16, torch.float32: 32}
+
+
+def slot_barrier_offset(ptx: str, count: int, slots: int) -> int:
+    """The byte offset in the CTA's shared memory (triton's `global_smem`) of a ring kernel's `empty` barriers, read
+    from its PTX: the one run of `slots` 8-byte mbarriers it initialises with `count` arrivals (its `ready` ones take
+    1). Triton places the allocations (the offset differs between variants: 229600 in this forward, 229664-229712 in
+    the backward); _release_slot addresses them in inline asm."""
+    base = set(re.findall(r"mov\.b32\s+(%r\d+),\s*global_smem;", ptx))
+    offset = {reg: 0 for reg in base}
+    offset.update((reg, int(off)) for reg, src, off in re.findall(r"add\.s32\s+(%r\d+),\s*(%r\d+),\s*(\d+);", ptx)
+                  if src in base)
+    found = sorted(offset.get(reg, -1) for reg in
+                   re.findall(rf"mbarrier\.init\.shared::cta\.b64\s+\[(%r\d+)\],\s*{count};", ptx))
+    if not found or found != list(range(found[0], found[0] + 8 * slots, 8)):
+        raise RuntimeError(f"GroupNorm on Hopper: no run of {slots} mbarriers initialised with {count} arrivals at "
+                           f"known shared-memory offsets in the compiled PTX (found {found[:4]}...); this code reads "
+                           "triton 3.6's PTX")
+    return found[0]
 
 
 def _tile_cols(x: torch.Tensor) -> int:

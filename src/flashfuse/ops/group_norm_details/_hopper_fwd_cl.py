@@ -39,13 +39,13 @@ import torch
 from .._triton import LaunchCache, cdiv, next_power_of_2, sm_count
 from .._triton import bind_cuda_context, host_descriptor
 from ..attention.flash_fwd_hopper import available, gluon
-from ._hopper_fwd import ACTIVATIONS, COMPUTE_REGS, COMPUTE_WARPS, LOADER_REGS, PARTS
+from ._hopper_fwd import ACTIVATIONS, COMPUTE_REGS, COMPUTE_WARPS, LOADER_REGS, PARTS, slot_barrier_offset
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-    from ._hopper_fwd import _NEG_LOG2E, _arrive_and_wait, _ex2, _rcp, _store_rows
+    from ._hopper_fwd import _NEG_LOG2E, _arrive_and_wait, _ex2, _rcp, _release_slot, _store_rows
 
 BOX_BYTES = 128                   # a tile row: BOX_C = 128 / element size channels of one pixel (8 lanes x 16 B)
 TILE_P = 64                       # pixels per tile (32-pixel tiles, for C = 1280 in 16 bits where two 64-pixel
@@ -215,7 +215,7 @@ if gluon is not None:
                  ACTIVATION: gl.constexpr, HAS_PAD: gl.constexpr, TILE_P: gl.constexpr,
                  BOX_C: gl.constexpr, N_CB_PAD: gl.constexpr, G_PAD: gl.constexpr, CPG_PAD: gl.constexpr,
                  K_BLOCK: gl.constexpr, SLOTS: gl.constexpr, WARPS: gl.constexpr, PART: gl.constexpr,
-                 PARTS: gl.constexpr):
+                 PARTS: gl.constexpr, empty_off):
         """Statistics, meeting and normalize pass of the rounds i = PART, PART + PARTS, ... of this program."""
         VEC: gl.constexpr = 128 // ring.dtype.primitive_bitwidth                        # 16 bytes per lane
         # normalize: a warp on 4 pixel rows (coalesced stores); statistics: a warp on 4 bytes x 4 lanes of channels
@@ -272,8 +272,7 @@ if gluon is not None:
                     # accesses; the loader's next TMA write to it is async-proxy: the fence orders them (session 21:
                     # without it, a few outputs of later rounds were wrong now and then)
                     fence_async_shared()
-                    gl.thread_barrier()
-                    mbarrier.arrive(empty.index(slot), count=1)
+                    _release_slot(slot, empty_off, WARPS)      # each warp, once it has read its rows
                     z = s * a2 + b2
                     if ACTIVATION == 1:   # z sigmoid(z) = z / (1 + 2^(-z log2 e))
                         z = z * _rcp(1.0 + _ex2(z * _NEG_LOG2E))
@@ -284,7 +283,7 @@ if gluon is not None:
     @gluon.jit
     def _group_norm_fwd_hopper_cl_kernel(
             x_desc, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_scr, p_count, n_samples, hw, c, groups, cpg,
-            n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps,
+            n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps, empty_off,
             HAS_RESIDUAL: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
             HAS_PAD: gl.constexpr, TILE_P: gl.constexpr, BOX_C: gl.constexpr, N_CB_PAD: gl.constexpr,
             G_PAD: gl.constexpr, CPG_PAD: gl.constexpr, K_BLOCK: gl.constexpr, SLOTS: gl.constexpr,
@@ -295,7 +294,7 @@ if gluon is not None:
         empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(SLOTS):
             mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
+            mbarrier.init(empty.index(i), count=WARPS)      # one arrive per compute warp (_release_slot)
         # Tables of one [1, BOX_C] row per channel block, per partition: a_c and b_c of the round's sample (fp32), the
         # residual of the round's sample
         flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -305,16 +304,17 @@ if gluon is not None:
             (_compute, (ring, ready, empty, ab, res, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_scr, p_count,
                         n_samples, hw, c, groups, cpg, n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps,
                         HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_PAD, TILE_P, BOX_C, N_CB_PAD, G_PAD, CPG_PAD, K_BLOCK, SLOTS,
-                        WARPS, 0, 2)),
+                        WARPS, 0, 2, empty_off)),
             (_compute, (ring, ready, empty, ab, res, p_res, p_w, p_b, p_y, p_mean, p_rstd, p_part, p_scr, p_count,
                         n_samples, hw, c, groups, cpg, n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps,
                         HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ACTIVATION, HAS_PAD, TILE_P, BOX_C, N_CB_PAD, G_PAD, CPG_PAD, K_BLOCK, SLOTS,
-                        WARPS, 1, 2)),
+                        WARPS, 1, 2, empty_off)),
             (_loader, (x_desc, ring, ready, empty, n_samples, hw, n_chunks, chunk_px, per_round, c, TILE_P, BOX_C,
                        SLOTS)),
         ], [WARPS, 1], [COMPUTE_REGS, LOADER_REGS])
 
-    _launch = LaunchCache(_group_norm_fwd_hopper_cl_kernel)
+    _launch = LaunchCache(_group_norm_fwd_hopper_cl_kernel,
+                          ptx_args=lambda ptx, cx: (slot_barrier_offset(ptx, cx["WARPS"], cx["SLOTS"]), ))
 
 
 _GL_BITS = {torch.float16: 16, torch.bfloat16: 16, torch.float32: 32}
