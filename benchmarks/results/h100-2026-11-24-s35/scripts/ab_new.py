@@ -1,4 +1,4 @@
-"""Session 35 A/B: the Gluon GroupNorm kernels at HEAD (08b6207, partition-wide bar.sync before one elected arrive per
+"""Session 35 A/B: the Gluon GroupNorm kernels at HEAD (.gpu/old: the committed files) vs the working tree; first run (c3):
 slot) vs the working tree (per-warp slot releases), one process, rounds alternating, bf16, graph-timed us."""
 import shutil, importlib, sys, torch
 sys.path.insert(0, ".gpu")
