@@ -125,28 +125,29 @@ class LaunchCache:
         """kernel[grid](*args, **constexprs). Returns the cache entry it launched (for `run`), or None where triton's
         own path ran."""
         if not self.fast or _plain_launch_needed(self.kernel):
-            self.kernel[grid](*args, *self._args_from_ptx(grid, args, constexprs), **constexprs)
+            extra = self._args_from_ptx(self._key(args, constexprs), grid, args, constexprs) if self.ptx_args else ()
+            self.kernel[grid](*args, *extra, **constexprs)
             return None
-        device = torch.cuda.current_device()
-        key = (device, tuple((name, type(value), value) for name, value in constexprs.items()),
-               tuple(map(_arg_specialization, args)))
+        key = self._key(args, constexprs)
         entry = self.compiled.get(key)
         if entry is None:
-            extra = self._args_from_ptx(grid, args, constexprs)
+            extra = self._args_from_ptx(key, grid, args, constexprs) if self.ptx_args else ()
             compiled = self.kernel[grid](*args, *extra, **constexprs)
             if compiled is not None:               # (None: a compile hook took over; nothing to keep)
                 self.compiled[key] = (compiled, extra + self._constexpr_tail(len(args) + len(extra), constexprs),
-                                      device)
+                                      key[0])              # (key[0]: the device)
             return None
         self._launch(entry, grid, args)
         return entry
 
-    def _args_from_ptx(self, grid, args, constexprs) -> tuple:
-        """The trailing runtime arguments that ptx_args reads from this variant's PTX (none without ptx_args)."""
-        if self.ptx_args is None:
-            return ()
-        key = (torch.cuda.current_device(), tuple((name, type(value), value) for name, value in constexprs.items()),
-               tuple(map(_arg_specialization, args)))
+    @staticmethod
+    def _key(args, constexprs) -> tuple:
+        """(device, constexprs, runtime arguments' specialization): what selects a compiled kernel."""
+        return (torch.cuda.current_device(), tuple((name, type(value), value) for name, value in constexprs.items()),
+                tuple(map(_arg_specialization, args)))
+
+    def _args_from_ptx(self, key, grid, args, constexprs) -> tuple:
+        """The trailing runtime arguments that ptx_args reads from the PTX of the variant that key selects."""
         extra = self.from_ptx.get(key)
         if extra is None:
             placeholders = (0, ) * (sum(not param.is_constexpr for param in self.kernel.params) - len(args))
