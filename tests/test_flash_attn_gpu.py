@@ -523,7 +523,9 @@ HOPPER_GPU_CONFIGS = [(64, _hopper(True)), (64, _hopper(False)), (128, _hopper(T
                       (128, _hopper(True, bn=64, stages=4)), (64, _hopper(False, stages=3)),
                       (128, _hopper(True, q_stages=1)), (64, _hopper(True, bn=64)),
                       (64, _hopper(False, bn=64, stages=3, q_stages=1)), (64, _hopper(True, stages=3)),
-                      (128, _hopper(True, q_stages=1, split_pv_wait=True))]
+                      (128, _hopper(True, q_stages=1, split_pv_wait=True)),
+                      # head dims between, padded to the kernel's by the TMA boxes (kernel_head_dim; session 36)
+                      (40, _hopper(True, bn=64, stages=3)), (72, _hopper(False)), (96, _hopper(True, q_stages=1))]
 HOPPER_GPU_SHAPES = FAST_GPU_SHAPES + [(BF16, (1, 77), MHA, {}), (F16, (300, 100), GQA, {"causal": True}),
                                       (BF16, (1500, 777), GQA, {"window_size": (-1, 32)}),  # paired, rows with no key
                                       (BF16, (1024, 1024), MHA, {"causal": True})]          # aligned diagonal
@@ -600,6 +602,22 @@ def test_hopper_forward_table_gpu(monkeypatch, headdim, causal, seqlen, dtype):
     _check_benchmark_shape_forward(headdim, seqlen, causal, dtype)
 
 
+@pytest.mark.parametrize("headdim", [40, 56, 72, 80, 96, 112])
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_head_dims_take_gluon_gpu(monkeypatch, headdim, causal):
+    """Head dims between 32 and 128 at a shape the tables send to the Gluon kernels: flash_attn_func takes both of them
+    by itself (every Triton kernel removed), computing at 64 / 128 with the padding done by the TMA boxes, and out,
+    lse and every gradient pass flash-attn's criterion against the fp32 reference."""
+    _require_gluon()
+    assert flash_fwd_hopper.kernel_head_dim(headdim) == (64 if headdim <= 64 else 128)
+    for name in ("_flash_fwd_kernel", "_flash_fwd_fast_kernel"):
+        monkeypatch.setattr(flash_fwd, name, None)
+    monkeypatch.setattr(flash_bwd, "_flash_bwd_kernel", None)
+    q, k, v = rand_qkv(4, 1024, 1024, 16, 8, headdim, dtype=BF16, device="cuda")
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    check_attention(partial(flash_ref, causal=causal), {"q": q, "k": k, "v": v}, out, lse=lse, ref_dtype=REF)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Gluon backward (flash_bwd_hopper): deterministic=False on Hopper
 # ----------------------------------------------------------------------------------------------------
@@ -617,7 +635,7 @@ HOPPER_BWD_SHAPES = [
     (BF16, (1, 77), MHA, {}),                                     # one query row
     (F16, (77, 1), GQA, {"causal": True}),                        # one key
 ]
-HOPPER_BWD_CASES = [(d, *shape) for d in (64, 128) for shape in HOPPER_BWD_SHAPES]
+HOPPER_BWD_CASES = [(d, *shape) for d in (64, 128, 40, 72, 80, 96) for shape in HOPPER_BWD_SHAPES]
 
 
 @pytest.mark.parametrize("headdim, dtype, seqlens, heads, opts", HOPPER_BWD_CASES,
@@ -666,7 +684,7 @@ def test_hopper_backward_matches_deterministic_gpu(monkeypatch, headdim, causal)
         assert err < 1e-2, f"{name}: Gluon backward rel err {err:.2e} vs deterministic"
 
 
-@pytest.mark.parametrize("headdim", [64, 128])
+@pytest.mark.parametrize("headdim", [64, 128, 80])
 def test_hopper_backward_fp32_grads_gpu(headdim):
     """fp32_grads=True on the Gluon backward (ring attention's partial gradients): float32 dk, dv that round to
     exactly the default call's (their sums run in a fixed order inside a program), dq within atomics' reordering

@@ -156,7 +156,13 @@ def test_hopper_forward_plan():
     assert not config["PERSISTENT"] and config["Q_STAGES"] == 1
     assert hopper.hopper_forward_config(64, True, 1100, 1100, 8 * 32, 132) is None
     assert not hopper.hopper_forward_config(64, True, 4224, 4224, 4 * 32, 132)["PERSISTENT"]
-    assert hopper.hopper_forward_config(96, False, 4096, 4096, 16 * 16, 132) is None      # no entry
+    # head dims between 32 and 128 take the 64 / 128 entries, padded by the TMA boxes (kernel_head_dim)
+    assert [hopper.kernel_head_dim(d) for d in (16, 32, 33, 40, 64, 65, 96, 128, 160, 256)] == [
+        None, None, 64, 64, 64, 128, 128, 128, None, None]
+    assert hopper.hopper_forward_config(96, False, 4096, 4096, 16 * 16, 132) == hopper.HOPPER_CONFIGS[(128, False)][0][1]
+    assert hopper.hopper_forward_config(40, True, 1024, 1024, 16 * 32, 132) == hopper.HOPPER_CONFIGS[(64, True)][1][1]
+    assert hopper.hopper_forward_config(160, False, 4096, 4096, 16 * 16, 132) is None     # no entry
+    assert hopper.hopper_forward_config(32, False, 4096, 4096, 16 * 16, 132) is None
     assert hopper.hopper_forward_config(64, False, 1024, 256, 16 * 32, 132) is None       # short key loop
     assert hopper.hopper_forward_config(128, True, 256, 256, 64 * 16, 132) is None        # short key loop
     assert hopper.hopper_forward_config(64, False, 2048, 2048, 4, 132) is None            # 64 tiles: under a wave

@@ -31,7 +31,7 @@ Measured (benchmarks/NOTES.md, sessions 16 and 22): hd128 0.93-1.03x cuDNN from 
 128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x).
 
 dQ's summation order over key blocks varies run to run (atomics), so deterministic=True keeps flash_bwd's
-grid. Scope as flash_fwd_hopper: 16-bit inputs, head dim 64 or 128, no dropout / ALiBi / softcap / bias / left
+grid. Scope as flash_fwd_hopper: 16-bit inputs, head dims 33..128 (kernel_head_dim), no dropout / ALiBi / softcap / bias / left
 window / varlen; a right window (causal) and GQA are in. Used only on the triton release it was written and
 measured against (flash_fwd_hopper.GLUON_TRITON); flash_bwd's Triton grid everywhere else.
 """
@@ -42,7 +42,7 @@ import torch
 
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device
 from . import flash_fwd_hopper
-from .flash_fwd_hopper import _smem_layout, gluon, sequence_geometry
+from .flash_fwd_hopper import _smem_layout, gluon, kernel_head_dim, sequence_geometry
 
 LOG2E = flash_fwd_hopper.LOG2E
 # Where this kernel can run and which tensors its host-side descriptors take: as the forward's.
@@ -301,14 +301,14 @@ if gluon is not None:
     def _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, i_b, i_hk, n0, seqlen_k,
                     kv_layout: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
         """The program's dK, dV [BLOCK_N, HEAD_DIM] (kv_layout) to global memory."""
-        p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h = fp32_out
+        p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim = fp32_out
         if FP32_GRADS:
             # fp32 dK, dV (partial gradients that a caller sums, as ring attention does): stored from registers.
             cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
             rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
             offs = (i_b.to(gl.int64) * stride_dkv_b + i_hk * stride_dkv_h
                     + gl.expand_dims(rows.to(gl.int64) * stride_dkv_s, 1) + gl.expand_dims(cols, 0))
-            in_bounds = gl.expand_dims(rows < seqlen_k, 1)
+            in_bounds = gl.expand_dims(rows < seqlen_k, 1) & gl.expand_dims(cols < head_dim, 0)
             gl.store(p_dk + offs, dk, mask=in_bounds)
             gl.store(p_dv + offs, dv, mask=in_bounds)
         else:
@@ -324,16 +324,17 @@ if gluon is not None:
     @gluon.jit
     def _flash_bwd_hopper_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
-        p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h,
+        p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_right,
         HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr,
         HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_T: gl.constexpr, Q_SMEM: gl.constexpr,
         KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr, num_warps: gl.constexpr,
     ):
-        # Host-side TMA descriptors: q, do [batch, seqlen_q, nheads_q, HEAD_DIM] (boxes [1, BLOCK_M, 1, HEAD_DIM]),
-        # k, v, dk, dv [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]), dq: the fp32
-        # buffer shaped like q; lse2, delta [batch * nheads_q, seqlen_q rounded up to BLOCK_M] fp32 (boxes
+        # Host-side TMA descriptors: q, do [batch, seqlen_q, nheads_q, head_dim] (boxes [1, BLOCK_M, 1, HEAD_DIM]),
+        # k, v, dk, dv [batch, seqlen_k, nheads_k, head_dim] (boxes [1, BLOCK_N, 1, HEAD_DIM]), dq: the fp32
+        # buffer shaped like q; head_dim <= HEAD_DIM (flash_fwd_hopper.kernel_head_dim: columns past it zero on
+        # loads, dropped on stores); lse2, delta [batch * nheads_q, seqlen_q rounded up to BLOCK_M] fp32 (boxes
         # [1, BLOCK_M]). FP32_GRADS: dk, dv are fp32 (p_dk, p_dv with their strides; the dk / dv descriptors
         # unused). SCORES_T: _bwd_consumer (scores transposed; DS_SMEM for [BLOCK_N, BLOCK_M]), else
         # _bwd_consumer_rows (DS_SMEM for [BLOCK_M, BLOCK_N], also P's layout).
@@ -364,7 +365,7 @@ if gluon is not None:
         descs = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc)
         bars = (kv_ready, q_ready, do_ready, empty)
         shape = (nheads_q, nheads_k, nheads_q // nheads_k, seqlen_q, seqlen_k)
-        fp32_out = (p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h)
+        fp32_out = (p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim)
         if SCORES_T:
             ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], DS_SMEM)
             smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
@@ -406,8 +407,9 @@ HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 128: _CONFIG}
 
 
 def hopper_backward_config(head_dim: int):
-    """This file's config for a call, or None where flash_bwd's grid is used."""
-    config = HOPPER_BWD_CONFIGS.get(head_dim)
+    """This file's config for a call, or None where flash_bwd's grid is used (head dims padded as
+    flash_fwd_hopper.kernel_head_dim says)."""
+    config = HOPPER_BWD_CONFIGS.get(kernel_head_dim(head_dim))
     return None if config is None else dict(config)
 
 
@@ -432,13 +434,14 @@ class _BackwardPlan:
 
     def __init__(self, q, k, v, dout, dk, window_right, bottom_right, config):
         batch, seqlen_q, nheads_q, head_dim = q.shape
+        kernel_dim = kernel_head_dim(head_dim) or head_dim
         seqlen_k, nheads_k = k.shape[1], k.shape[2]
         cfg = dict(config)
         block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
         rows = cdiv(seqlen_q, block_m) * block_m        # lse2 / delta rows (hopper_backward_inputs)
 
         def geometry(seqlen, heads, strides, box, dtype=q.dtype):
-            return sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype)
+            return sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype, kernel_dim)
 
         vec = ([batch * nheads_q, rows], [rows, 1], [1, block_m], _VEC_LAYOUT)      # lse2, delta
         dq_strides = [seqlen_q * nheads_q * head_dim, nheads_q * head_dim, head_dim, 1]      # dq_acc (fp32), dk and
@@ -449,15 +452,15 @@ class _BackwardPlan:
             vec, vec, geometry(seqlen_q, nheads_q, dq_strides, block_m, torch.float32),
             geometry(seqlen_k, nheads_k, dkv_strides, block_n, dk.dtype),
             geometry(seqlen_k, nheads_k, dkv_strides, block_n, dk.dtype)]
-        self.sizes = (*dkv_strides[:3], nheads_q, nheads_k, seqlen_q, seqlen_k)
+        self.sizes = (*dkv_strides[:3], head_dim, nheads_q, nheads_k, seqlen_q, seqlen_k)
         self.window_right = window_right
         self.launch = Launch(
             _launch_backward, (cdiv(seqlen_k, block_n) * batch * nheads_k, ), self.descriptors,
             HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, FP32_GRADS=dk.dtype == torch.float32,
-            BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, Q_SMEM=_smem_layout([block_m, head_dim], q.dtype),
-            KV_SMEM=_smem_layout([block_n, head_dim], q.dtype),
+            BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=kernel_dim, Q_SMEM=_smem_layout([block_m, kernel_dim], q.dtype),
+            KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype),
             DS_SMEM=_smem_layout([block_n, block_m] if cfg["SCORES_T"] else [block_m, block_n], q.dtype),
-            DQ_SMEM=_smem_layout([block_m, head_dim], torch.float32), **cfg)
+            DQ_SMEM=_smem_layout([block_m, kernel_dim], torch.float32), **cfg)
 
     def __call__(self, dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale):
         self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, dk, dv, *self.sizes, qk_scale, sm_scale,

@@ -38,7 +38,8 @@ the last P V of this one (session 17: slower); session 29: half diagonal blocks 
 release per block, O stored from registers (benchmarks/NOTES.md).
 
 Scope: the common case only, as flash_fwd's fast kernel: 16-bit inputs, no dropout / ALiBi / softcap /
-bias / left window / varlen; a right window (causal) and GQA are in. Gluon is triton's lower-level
+bias / left window / varlen; a right window (causal) and GQA are in. Head dims 64 and 128, and those between
+(33..128) padded to them by the TMA boxes alone (kernel_head_dim). Gluon is triton's lower-level
 dialect and its API still moves between releases, so this kernel is used only on the release it was
 written and measured against (GLUON_TRITON); flash_fwd falls back to its Triton kernels everywhere
 else, the CPU interpreter included.
@@ -47,6 +48,7 @@ else, the CPU interpreter included.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 import triton
@@ -320,9 +322,10 @@ if gluon is not None:
         Q_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         SPLIT_PV_WAIT: gl.constexpr, num_warps: gl.constexpr,
     ):
-        # Host-side TMA descriptors over q, o [batch, seqlen_q, nheads_q, HEAD_DIM] (boxes [1, 64, 1, HEAD_DIM]) and
-        # k, v [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]): rows past a sequence's end are
-        # zero-filled on loads and dropped on stores. lse [batch, nheads_q, seqlen_q] fp32.
+        # Host-side TMA descriptors over q, o [batch, seqlen_q, nheads_q, head_dim] (boxes [1, 64, 1, HEAD_DIM]) and
+        # k, v [batch, seqlen_k, nheads_k, head_dim] (boxes [1, BLOCK_N, 1, HEAD_DIM]), head_dim <= HEAD_DIM
+        # (kernel_head_dim): rows past a sequence's end and columns past head_dim are zero-filled on loads and dropped
+        # on stores. lse [batch, nheads_q, seqlen_q] fp32.
         # Grid (min(n_units, SMs),) persistent, else (n_units,): n_units = cdiv(seqlen_q, BLOCK_M) * batch * nheads_q
         # tiles, or PAIRED (persistent causal, an even row-block count) half as many pairs of tiles (_ws_tile).
         # CONSUMERS (2 or 3) warpgroups of 64 rows: num_warps = 4 is the first (the default partition); the other
@@ -460,9 +463,9 @@ def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: 
     without a HOPPER_CONFIGS entry, key loops shorter than the entry's, grids under MIN_WAVE waves of tiles. Causal
     calls whose row blocks do not pair up take HOPPER_ODD_CAUSAL_CONFIGS; persistent configs whose units fill under
     MIN_WAVE waves run one tile per program."""
-    config = _table_entry(HOPPER_CONFIGS.get((head_dim, causal), ()), seqlen_k)
+    config = _table_entry(HOPPER_CONFIGS.get((kernel_head_dim(head_dim), causal), ()), seqlen_k)
     if config is not None and causal and cdiv(seqlen_q, config["BLOCK_M"]) % 2:
-        config = _table_entry(HOPPER_ODD_CAUSAL_CONFIGS.get(head_dim, ()), seqlen_k)
+        config = _table_entry(HOPPER_ODD_CAUSAL_CONFIGS.get(kernel_head_dim(head_dim), ()), seqlen_k)
     if config is None:
         return None
     tiles = cdiv(seqlen_q, config["BLOCK_M"]) * programs_per_row_block
@@ -472,6 +475,19 @@ def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: 
     if config["PERSISTENT"] and units < MIN_WAVE * num_sms:
         return dict(config, PERSISTENT=False, Q_STAGES=1)
     return dict(config)
+
+
+def kernel_head_dim(head_dim: int) -> Optional[int]:
+    """The head dim that this file's kernel and flash_bwd_hopper's compute with for inputs of head_dim: 64 for 33..64,
+    128 for 65..128, else None (the tables have those two). The descriptors keep the tensors' own head dim with boxes
+    of the kernel's, so TMA zero-fills the padding columns on loads and drops them on stores: no copies, and zero
+    columns add nothing to Q K^T, P V or any gradient. SD's head dims 40 and 80 and DiT's 72 run so (Triton's kernels
+    there, H100, S = 2048: forward 0.76-0.90x cuDNN, backward 0.39-0.82x, below FA2 at 40 and 72; session 36)."""
+    if 32 < head_dim <= 64:
+        return 64
+    if 64 < head_dim <= 128:
+        return 128
+    return None
 
 
 def _table_entry(entries, seqlen_k: int):
@@ -494,12 +510,13 @@ def _smem_layout_cached(block_shape, dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
 
 
-def sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype):
-    """(shape, strides, box, layout) of the 4-D host-side descriptor over a [batch, seqlen, heads, head dim] tensor
-    with [1, box, 1, head dim] boxes that both Gluon kernels use (rows past seqlen zero-filled on loads, dropped on
-    stores): host_descriptor's arguments after the tensor."""
-    return ([batch, seqlen, heads, head_dim], list(strides), [1, box, 1, head_dim],
-            _smem_layout([1, box, 1, head_dim], dtype))
+def sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype, box_dim):
+    """(shape, strides, box, layout) of the 4-D host-side descriptor over a [batch, seqlen, heads, head_dim] tensor
+    with [1, box, 1, box_dim] boxes (box_dim >= head_dim: kernel_head_dim) that both Gluon kernels use (rows past
+    seqlen and columns past head_dim zero-filled on loads, dropped on stores): host_descriptor's arguments after the
+    tensor."""
+    return ([batch, seqlen, heads, head_dim], list(strides), [1, box, 1, box_dim],
+            _smem_layout([1, box, 1, box_dim], dtype))
 
 
 def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
@@ -525,6 +542,7 @@ class _ForwardPlan:
     def __init__(self, q, k, nheads_q, nheads_k, seqlen_q, seqlen_k, q_strides, k_strides, v_strides, o_strides,
                  lse_strides, window_right, bottom_right, config):
         head_dim, batch = q.shape[-1], q.shape[0]
+        kernel_dim = kernel_head_dim(head_dim) or head_dim
         cfg = dict(config)
         block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
         rows = block_m // cfg["CONSUMERS"]          # 64: one consumer warpgroup's rows
@@ -536,9 +554,9 @@ class _ForwardPlan:
         grid = (min(n_units, sm_count(q.device)) if cfg.pop("PERSISTENT") else n_units, )
         # The kernel reads each [1, box, 1, head_dim] TMA box as a [box, head_dim] tile (_tma_box): the two layouts
         # must swizzle alike.
-        assert all(_smem_layout([1, box, 1, head_dim], q.dtype).swizzle_byte_width
-                   == _smem_layout([box, head_dim], q.dtype).swizzle_byte_width for box in (rows, block_n))
-        self.descriptors = [sequence_geometry(batch, seqlen, heads, head_dim, strides, box, q.dtype)  # q, k, v, out
+        assert all(_smem_layout([1, box, 1, kernel_dim], q.dtype).swizzle_byte_width
+                   == _smem_layout([box, kernel_dim], q.dtype).swizzle_byte_width for box in (rows, block_n))
+        self.descriptors = [sequence_geometry(batch, seqlen, heads, head_dim, strides, box, q.dtype, kernel_dim)
                             for seqlen, heads, strides, box in ((seqlen_q, nheads_q, q_strides, rows),
                                                                 (seqlen_k, nheads_k, k_strides, block_n),
                                                                 (seqlen_k, nheads_k, v_strides, block_n),
@@ -548,9 +566,9 @@ class _ForwardPlan:
         self.window = (window_right, n_units)
         self.launch = Launch(_launch_forward, grid, self.descriptors, HAS_RIGHT=window_right >= 0,
                              BOTTOM_RIGHT=bottom_right, PAIRED=paired, BLOCK_M=block_m, BLOCK_N=block_n,
-                             HEAD_DIM=head_dim,
-                             Q_SMEM=_smem_layout([rows, head_dim], q.dtype),
-                             KV_SMEM=_smem_layout([block_n, head_dim], q.dtype), **cfg)
+                             HEAD_DIM=kernel_dim,
+                             Q_SMEM=_smem_layout([rows, kernel_dim], q.dtype),
+                             KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype), **cfg)
 
     def __call__(self, q, k, v, out, lse, qk_scale):
         self.launch(q, k, v, out, lse, *self.lse_strides, *self.sizes, qk_scale, *self.window)
