@@ -121,14 +121,18 @@ def test_backward_takes_a_strided_lse_view(device):
 
 
 def test_backward_config_tables(monkeypatch):
-    """Compiled-GPU tables: every head-dim block and dtype has tiles; the atomic path's key tile is a
-    multiple of its query tile's rotation step and (16-bit, D <= 128) holds 128 keys (atomic traffic)."""
+    """Compiled-GPU tables: every head-dim block and dtype has tiles (256: larger ones with large_smem); the atomic
+    path's key tile is a multiple of its query tile's rotation step and (16-bit, D <= 128) holds 128 keys (atomic
+    traffic)."""
     monkeypatch.setattr(flash_bwd, "INTERPRET", False)
     for dtype in (F16, BF16, F32):
         for block_d in (16, 32, 64, 128, 256):
             det = flash_bwd.backward_config(block_d, dtype)
             assert set(det) - {"TMA_DKDV", "TMA_DQ"} == {"BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2",
                                                         "num_warps", "num_stages"}, det
+            # Wide head dims take larger tiles only where a block gets >= 200 KB of shared memory (Hopper).
+            large = flash_bwd.backward_config(block_d, dtype, large_smem=True)
+            assert large == det or (block_d == 256 and dtype != F32 and large["BLOCK_N1"] > det["BLOCK_N1"]), large
             # TMA tiles where measured faster (H200, session 9): 16-bit head dims <= 64, not 128.
             tma = dtype != F32 and block_d <= 64
             assert (det.get("TMA_DKDV", False), det.get("TMA_DQ", False)) == (tma, tma), det

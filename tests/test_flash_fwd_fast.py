@@ -159,7 +159,8 @@ def test_hopper_forward_plan():
     # head dims between 32 and 128 take the 64 / 128 entries, padded by the TMA boxes (kernel_head_dim)
     assert [hopper.kernel_head_dim(d) for d in (16, 32, 33, 40, 64, 65, 96, 128, 160, 256)] == [
         None, None, 64, 64, 64, 128, 128, 128, None, None]
-    assert hopper.hopper_forward_config(96, False, 4096, 4096, 16 * 16, 132) == hopper.HOPPER_CONFIGS[(128, False)][0][1]
+    full_128 = hopper.HOPPER_CONFIGS[(128, False)][0][1]
+    assert hopper.hopper_forward_config(96, False, 4096, 4096, 16 * 16, 132) == full_128
     assert hopper.hopper_forward_config(40, True, 1024, 1024, 16 * 32, 132) == hopper.HOPPER_CONFIGS[(64, True)][1][1]
     assert hopper.hopper_forward_config(160, False, 4096, 4096, 16 * 16, 132) is None     # no entry
     assert hopper.hopper_forward_config(32, False, 4096, 4096, 16 * 16, 132) is None

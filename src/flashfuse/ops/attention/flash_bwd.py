@@ -19,8 +19,8 @@ Both recompute S = Q K^T and dP~ = dO V^T (7 matrix products where an atomic dQ 
 is the price of determinism and of no fp32 dQ buffer.
 
 On Hopper, ``deterministic=False`` (flash-attn's default) takes flash_bwd_hopper's Gluon kernel instead where
-it applies (``_hopper_plan``: 16-bit, head dims 33..128 (computed at 64 / 128), no dropout / ALiBi / softcap / bias / left window /
-varlen): FlashAttention-3's layout, 5 products, dQ by TMA reduce-adds into an fp32 buffer.
+it applies (``_hopper_plan``: 16-bit, head dims 33..128 (computed at 64 / 128), no dropout / ALiBi / softcap /
+bias / left window / varlen): FlashAttention-3's layout, 5 products, dQ by TMA reduce-adds into an fp32 buffer.
 
 The atomic path (``deterministic=False`` with ``ATOMIC_DQ`` on, FA2/FA3's layout) launches the same kernel
 with only dK/dV programs: each also forms dQ_part = dS K for its [BLOCK_M queries, BLOCK_N keys] tile and
@@ -439,13 +439,13 @@ def _dq_convert_kernel(p_acc, p_dq, numel, sm_scale, BLOCK: tl.constexpr):
 # Launcher
 # ----------------------------------------------------------------------------------------------------
 
-def backward_config(head_dim_block: int, dtype: torch.dtype) -> dict:
+def backward_config(head_dim_block: int, dtype: torch.dtype, large_smem: bool = False) -> dict:
     """Tiles of the two program kinds: dK/dV holds BLOCK_N1 keys (and two [BLOCK_N1, D] fp32
     accumulators) and streams BLOCK_M1 queries; dQ holds BLOCK_M2 queries and streams BLOCK_N2 keys.
     Chosen by timing on an H200 among configs screened for register spills (benchmarks/NOTES.md).
     TMA_DKDV / TMA_DQ: tensor-descriptor tiles in that kind of program, where they apply (_tma_applies)
     and measured faster. The interpreter takes them wherever they apply, so the CPU tier runs both load
-    paths."""
+    paths. large_smem: the GPU gives a block >= 200 KB of shared memory (Hopper), for the wide head dims' tiles."""
     if INTERPRET:
         return dict(BLOCK_M1=32, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=32, num_warps=4, num_stages=1, TMA_DKDV=True,
                     TMA_DQ=True)
@@ -463,7 +463,18 @@ def backward_config(head_dim_block: int, dtype: torch.dtype) -> dict:
         # causal 3609 vs 3794). Pointer loads: TMA tiles measured 12-14% slower here (session 9, S = 8192:
         # 7673 vs 6704 us, causal 4182 vs 3552; 2 stages or 64 x 64 tiles with TMA no better).
         return dict(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=3)
+    if large_smem:
+        # Head dims padded to 256 (160: SD-1.5's deepest level). H100, bf16, 16384 tokens, S = 2048, CUDA-graph timed
+        # (session 36, `results/h100-2026-11-24-s36/c5`): hd160 116 / 107 TFLOP/s (causal) vs 47 / 46 for the
+        # 16 x 32 tiles below, hd256 184 / 162 vs 75 / 72; 32 x 32 tiles with 4 warps and 2-3 stages 96-97 / 91 and
+        # 156-162 / 146-148; 8 warps on 32 x 32 tiles or 4 on 64 x 64 slower. (SDPA's flash backend: hd160 188.)
+        return dict(BLOCK_M1=64, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, num_warps=8, num_stages=2)
     return dict(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1)
+
+
+def _large_smem(device: torch.device) -> bool:
+    return (not INTERPRET and device.type == "cuda"
+            and torch.cuda.get_device_properties(device).shared_memory_per_block_optin >= 200 * 1024)
 
 
 # The fp32 atomic dQ path for deterministic=False (a knob, off). It does 5 matrix products instead of 7
@@ -597,7 +608,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
         num_kv_blocks, num_q_blocks = cdiv(seqlen_k, cfg["BLOCK_N1"]), 0
         grid = (batch * nheads_k, num_kv_blocks) if heads_first else (num_kv_blocks, batch * nheads_k)
     else:
-        cfg, stagger, heads_first = dict(config or backward_config(block_d, q.dtype)), False, False
+        cfg, stagger, heads_first = (dict(config or backward_config(block_d, q.dtype, _large_smem(q.device))), False,
+                                     False)
         num_kv_blocks = cdiv(seqlen_k, cfg["BLOCK_N1"])
         num_q_blocks = cdiv(seqlen_q, cfg["BLOCK_M2"])
         grid = (num_kv_blocks + group * num_q_blocks, batch * nheads_k)

@@ -31,9 +31,9 @@ Measured (benchmarks/NOTES.md, sessions 16 and 22): hd128 0.93-1.03x cuDNN from 
 128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x).
 
 dQ's summation order over key blocks varies run to run (atomics), so deterministic=True keeps flash_bwd's
-grid. Scope as flash_fwd_hopper: 16-bit inputs, head dims 33..128 (kernel_head_dim), no dropout / ALiBi / softcap / bias / left
-window / varlen; a right window (causal) and GQA are in. Used only on the triton release it was written and
-measured against (flash_fwd_hopper.GLUON_TRITON); flash_bwd's Triton grid everywhere else.
+grid. Scope as flash_fwd_hopper: 16-bit inputs, head dims 33..128 (kernel_head_dim), no dropout / ALiBi /
+softcap / bias / left window / varlen; a right window (causal) and GQA are in. Used only on the triton release
+it was written and measured against (flash_fwd_hopper.GLUON_TRITON); flash_bwd's Triton grid everywhere else.
 """
 
 from __future__ import annotations
