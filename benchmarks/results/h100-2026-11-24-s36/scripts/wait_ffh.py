@@ -1,0 +1,577 @@
+"""FlashAttention forward for Hopper in Gluon, warp-specialized (FlashAttention-3's scheme): a producer
+warp streams Q, K and V by TMA; two (or three: CONSUMERS) consumer warpgroups own 64 query rows each, and within
+each the softmax of one key block overlaps the P V product of the previous one.
+
+The math is flash_fwd's online softmax (see its docstring; scores in the log2 domain, rows with no
+visible key store O = 0 and lse = +inf). What Triton's ``tl.dot`` cannot express is the schedule:
+its wgmma waits right after the Q K^T issue, so the exponentials and the tensor cores take turns
+(benchmarks/NOTES.md, session 11). Gluon exposes the asynchronous wgmma and its wait, so each consumer
+warpgroup runs, per key block j,
+
+    issue  S_j  = Q K_j^T                     (wgmma, async)
+    issue  acc += P_{j-1} V_{j-1}             (wgmma, async; P_{j-1} in registers)
+    wait   until one group is left            -> S_j is done, P_{j-1} V_{j-1} still running
+    softmax(S_j) -> P_j, alpha_j = exp2(m_{j-1} - m_j), l_j
+    wait   for P_{j-1} V_{j-1};  acc *= alpha_j
+
+In the SASS the softmax overlaps its own P V only where SPLIT_PV_WAIT is on (hd128 causal from 2K keys): elsewhere
+ptxas issues the last wait at the start of the softmax's block, before every exponential, and that measured faster
+than the overlap at every other entry (session 30), where the other warpgroup's softmax fills the tensor cores.
+
+K and V tiles stream through NUM_STAGES shared-memory slots: the producer fills a slot once all consumers
+released it (mbarriers, one arrival per warpgroup), so the warpgroups are never held in lockstep by a
+CTA-wide barrier; they drift apart, one's softmax running beside the other's matrix products. Registers
+move to the consumers (240 each, 24 for the producer). Persistent: one program per SM walks the tiles, the
+producer loading the next tile's Q (a second Q slot per consumer, Q_STAGES) and K / V while the consumers finish
+the last one, O leaving through its own shared-memory slot. Causal tiles are walked in pairs of row blocks
+(n - 1 - i, i) of one head, so that every unit of work is about the same size and the static round-robin stays
+balanced while the K / V in flight stay within a few heads (L2); an odd number of row blocks runs one tile per
+program instead (HOPPER_ODD_CAUSAL_CONFIGS). The descriptors are host-side 4-D ([batch, seqlen, heads, head dim]),
+so no tile builds one.
+
+Measured on an H200 (benchmarks/NOTES.md, sessions 14-17): on par with or ahead of cuDNN from 1024 keys at head
+dim 128 (causal too) and from 2048 at 64, 1.1-1.6x flash_fwd's Triton kernels, which it replaces from 512 keys.
+HOPPER_CONFIGS says where it is used. Tried and dropped: one warpgroup per 64-row tile with every warp doing
+everything (session 14), an explicit ping-pong between the consumers (no gain), persistent causal with single
+tiles round-robin (session 15: one program got twice another's work), the next tile's first Q K^T issued beside
+the last P V of this one (session 17: slower); session 29: half diagonal blocks for the upper warpgroup, one K / V
+release per block, O stored from registers (benchmarks/NOTES.md).
+
+Scope: the common case only, as flash_fwd's fast kernel: 16-bit inputs, no dropout / ALiBi / softcap /
+bias / left window / varlen; a right window (causal) and GQA are in. Gluon is triton's lower-level
+dialect and its API still moves between releases, so this kernel is used only on the release it was
+written and measured against (GLUON_TRITON); flash_fwd falls back to its Triton kernels everywhere
+else, the CPU interpreter included.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from ..._env import INTERPRET
+from .._mbarrier import slot_barrier_offset
+from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device, sm_count
+
+# The triton release this file's Gluon code is written and GPU-tested against.
+GLUON_TRITON = "3.6."
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                  warpgroup_mma, warpgroup_mma_wait)
+
+    from .._mbarrier import release_slot
+
+    @gluon.jit
+    def wait_slot(slot, bars_off, phase, WARPS: gl.constexpr):
+        one_per_thread: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        thread = gl.arange(0, 32 * WARPS, layout=one_per_thread)
+        gl.inline_asm_elementwise(
+            "{ .reg .pred done; .reg .u32 bar; mov.u32 bar, global_smem; add.u32 bar, bar, $1; wait_ready: "
+            "mbarrier.try_wait.parity.shared::cta.b64 done, [bar], $2; @!done bra.uni wait_ready; mov.u32 $0, 0; }",
+            "=r,r,r", [thread * 0 + (bars_off + slot * 8), thread * 0 + phase], dtype=gl.int32, is_pure=False, pack=1)
+except ImportError:  # a triton without Gluon: the kernel below is never defined or used
+    gluon = None
+
+LOG2E = 1.4426950408889634
+
+
+def available(device: torch.device) -> bool:
+    """Whether this kernel can run here: compiled (not the interpreter) on an sm_90 GPU, with the
+    triton release it was written for."""
+    return (gluon is not None and not INTERPRET and triton.__version__.startswith(GLUON_TRITON)
+            and device.type == "cuda"
+            and _capability(device.index if device.index is not None else torch.cuda.current_device()) == (9, 0))
+
+
+def descriptor_compatible(*tensors) -> bool:
+    """Beyond flash_fwd's TMA checks (16-byte aligned base and strides): the host-side 4-D descriptors take
+    every stride as given, so a broadcast dimension (stride 0, e.g. K / V expanded over heads) stays with
+    the Triton kernels, which index per (batch, head) themselves."""
+    return all(0 not in t.stride() for t in tensors)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int):
+    return torch.cuda.get_device_capability(index)
+
+
+if gluon is not None:
+    _LOG2E = gl.constexpr(LOG2E)
+
+    @gluon.jit
+    def _softmax_block(s, m_i, l_i, j, m0, seqlen_q, seqlen_k, full_end, window_right, qk_scale,
+                       HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+        """Online-softmax step for key block j: s [BLOCK_M, BLOCK_N] raw Q K^T (fp32, s_layout).
+        Returns (p, alpha, m_new, l_new); blocks reaching past full_end get the causal / length mask."""
+        if (j + 1) * BLOCK_N > full_end:
+            # Key j * BLOCK_N + c is visible iff c <= last (per row, relative to the block): one compare and one
+            # select per score. (cols < seqlen_k and cols <= rows + off + window_right, two compares and an and per
+            # score, ran twice the instructions: ptxas hoisted the compares above the S wait and packed the
+            # predicates into registers, session 31.)
+            rel = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            if HAS_RIGHT:
+                off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+                rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+                last = gl.minimum(rows + off + window_right, seqlen_k - 1) - j * BLOCK_N
+                visible = gl.expand_dims(rel, 0) <= gl.expand_dims(last, 1)
+            else:
+                visible = gl.expand_dims(rel < seqlen_k - j * BLOCK_N, 0)
+            s = gl.where(visible, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)   # rows with no visible key yet
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
+        alpha = gl.exp2(m_i - m_safe)
+        l_new = l_i * alpha + gl.sum(p, axis=1)
+        return p, alpha, m_new, l_new
+
+    @gluon.jit
+    def _tma_box(buf, desc):
+        """A [rows, HEAD_DIM] shared-memory tile seen as the descriptor's [1, rows, 1, HEAD_DIM] box: the unit
+        dims change nothing in memory (same swizzle), only the rank TMA addresses."""
+        return buf._reinterpret(buf.dtype, desc.block_type.shape, desc.layout)
+
+    @gluon.jit
+    def _ws_tiles(n_units, PAIRED: gl.constexpr):
+        """How many tiles this program walks: units u = program_id, + num_programs, ... of n_units, one tile each or,
+        PAIRED, two (see _ws_tile)."""
+        n_mine = gl.cdiv(n_units - gl.program_id(0), gl.num_programs(0))
+        return 2 * n_mine if PAIRED else n_mine
+
+    @gluon.jit
+    def _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                 PAIRED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """This program's k-th tile -> (batch*head, first row, number of key blocks). The row blocks of one head
+        side by side (K / V reuse in L2), causal heaviest (last) first. PAIRED (persistent causal, an even number
+        n of row blocks): a unit is row blocks n - 1 - i and i of one head, one after the other, so that every unit
+        holds about n + 1 key blocks and the static round-robin over units stays balanced (one tile per unit gave one
+        program twice another's work; causal with all heads' heaviest blocks first measured slower: the K / V in
+        flight no longer fit L2)."""
+        if PAIRED:
+            t = 2 * (gl.program_id(0) + (k // 2) * gl.num_programs(0)) + k % 2
+            i = (t % n_m_blocks) // 2
+            i_m = n_m_blocks - 1 - i + (t % 2) * (2 * i + 1 - n_m_blocks)        # odd t: block i
+        else:
+            t = gl.program_id(0) + k * gl.num_programs(0)
+            i_m = t % n_m_blocks
+            if HAS_RIGHT:
+                i_m = n_m_blocks - 1 - i_m
+        m0 = i_m * BLOCK_M
+        hi = seqlen_k
+        if HAS_RIGHT:
+            off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+            last_row = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
+            hi = gl.maximum(gl.minimum(last_row + off + window_right + 1, seqlen_k), 0)
+        # A block whose rows see no key still runs block 0, fully masked: O = 0, lse = +inf.
+        return t // n_m_blocks, m0, gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
+
+    @gluon.jit
+    def _ws_producer(descs, smem, bars, shape, window_right, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                     PAIRED: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr):
+        """One warp: per tile, Q into each consumer's slot it % Q_STAGES once that consumer's last Q K^T of the
+        tile that used it is done, then K_j / V_j into ring slot c % NUM_STAGES (c counts key blocks over all
+        tiles) once all consumers released it."""
+        q_desc, k_desc, v_desc, o_desc = descs
+        q_smem, k_smem, v_smem, o_smem = smem
+        q_ready, q_empty, k_ready, v_ready, kv_empty = bars
+        nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_units = shape
+        ROWS: gl.constexpr = BLOCK_M // CONSUMERS
+        tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
+        c = 0
+        it = 0
+        for k in range(_ws_tiles(n_units, PAIRED)):
+            i_bh, m0, n_blocks = _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT,
+                                          PAIRED, BLOCK_M, BLOCK_N)
+            i_b = i_bh // nheads_q
+            i_h = i_bh % nheads_q
+            i_hk = i_h // group
+            for w in gl.static_range(CONSUMERS):
+                q_slot = w * Q_STAGES + it % Q_STAGES
+                mbarrier.wait(q_empty.index(q_slot), ((it // Q_STAGES) & 1) ^ 1)     # the slots start free
+                mbarrier.expect(q_ready.index(q_slot), ROWS * HEAD_DIM * 2)
+                tma.async_copy_global_to_shared(q_desc, [i_b, m0 + w * ROWS, i_h, 0], q_ready.index(q_slot),
+                                                _tma_box(q_smem.index(q_slot), q_desc))
+            for j in range(n_blocks):
+                slot = (c + j) % NUM_STAGES
+                free_parity = (((c + j) // NUM_STAGES) & 1) ^ 1
+                mbarrier.wait(kv_empty.index(slot), free_parity)
+                mbarrier.expect(kv_empty.index(2 * NUM_STAGES + slot), tile_bytes)
+                tma.async_copy_global_to_shared(k_desc, [i_b, j * BLOCK_N, i_hk, 0], kv_empty.index(2 * NUM_STAGES + slot),
+                                                _tma_box(k_smem.index(slot), k_desc))
+                mbarrier.wait(kv_empty.index(NUM_STAGES + slot), free_parity)
+                mbarrier.expect(kv_empty.index(3 * NUM_STAGES + slot), tile_bytes)
+                tma.async_copy_global_to_shared(v_desc, [i_b, j * BLOCK_N, i_hk, 0], kv_empty.index(3 * NUM_STAGES + slot),
+                                                _tma_box(v_smem.index(slot), v_desc))
+            c += n_blocks
+            it += 1
+
+    @gluon.jit
+    def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, kv_empty_off,
+                     WG: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr,
+                     CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr, SPLIT_PV_WAIT: gl.constexpr):
+        """One warpgroup, rows [m0 + WG * ROWS, +ROWS) of each tile (ROWS = BLOCK_M / CONSUMERS): the schedule in the module
+        docstring (S_j issued beside P_{j-1} V_{j-1}), releasing K / V slots with one arrival per warp (release_slot:
+        no warpgroup barrier before each, kv_empty_off the barriers' offset in shared memory) and its Q slots with
+        one per warpgroup. Q comes in Q_STAGES slots (with two, the next tile's Q loads while this one
+        runs). O leaves through its own shared-memory slot by TMA while the next tile starts."""
+        q_desc, k_desc, v_desc, o_desc = descs
+        q_smem, k_smem, v_smem, o_smem = smem
+        q_ready, q_empty, k_ready, v_ready, kv_empty = bars
+        nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_units = shape
+        ROWS: gl.constexpr = BLOCK_M // CONSUMERS
+        dtype: gl.constexpr = q_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        o_buf = o_smem.index(WG)
+        zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+        # Key blocks narrower than the tile: the tile's trailing blocks that none of this warpgroup's rows sees (the
+        # lower warpgroup's half of a causal diagonal) are released unread. (At full-width blocks that happens only
+        # at ragged offsets, and the bookkeeping cost 3-7% at hd64 causal: session 23.)
+        SKIP_UNSEEN: gl.constexpr = HAS_RIGHT and BLOCK_N < BLOCK_M
+        c = 0
+        it = 0
+        for k in range(_ws_tiles(n_units, PAIRED)):
+            i_bh, m0, n_blocks = _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT,
+                                          PAIRED, BLOCK_M, BLOCK_N)
+            q_slot = WG * Q_STAGES + it % Q_STAGES
+            q = q_smem.index(q_slot)
+            row0 = m0 + WG * ROWS
+            full_end = seqlen_k
+            n_mine = n_blocks
+            if HAS_RIGHT:
+                off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+                full_end = gl.minimum(row0 + off + window_right + 1, seqlen_k)
+                if SKIP_UNSEEN:
+                    seen = gl.minimum(gl.minimum(row0 + ROWS, seqlen_q) + off + window_right, seqlen_k)
+                    n_mine = gl.minimum(gl.maximum(gl.cdiv(seen, BLOCK_N), 1), n_blocks)
+            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+            l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+            acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+
+            mbarrier.wait(q_ready.index(q_slot), (it // Q_STAGES) & 1)
+            wait_slot(2 * NUM_STAGES + c % NUM_STAGES, kv_empty_off, (c // NUM_STAGES) & 1, 4)
+            s_tok = warpgroup_mma(q, k_smem.index(c % NUM_STAGES).permute((1, 0)), zero_s, use_acc=False,
+                                  is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
+            release_slot(c % NUM_STAGES, kv_empty_off, 4)                       # K
+            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, 0, row0, seqlen_q, seqlen_k, full_end, window_right,
+                                                qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, s_layout)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            for j in range(1, n_mine):
+                slot = (c + j) % NUM_STAGES
+                prev = (c + j - 1) % NUM_STAGES
+                wait_slot(2 * NUM_STAGES + slot, kv_empty_off, ((c + j) // NUM_STAGES) & 1, 4)
+                s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                wait_slot(3 * NUM_STAGES + prev, kv_empty_off, ((c + j - 1) // NUM_STAGES) & 1, 4)
+                acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))       # S_j done; P V still running
+                release_slot(slot, kv_empty_off, 4)
+                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j, row0, seqlen_q, seqlen_k, full_end,
+                                                    window_right, qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N,
+                                                    s_layout)
+                if SPLIT_PV_WAIT and j == -1 - seqlen_q:
+                    # Never taken (seqlen_q >= 0): the branch ends the block that holds the exponentials above. Without
+                    # it ptxas issues the P V wait below at the start of that block (its scheduler places the wgmma
+                    # wait as early as it may), before every exponential, so that this softmax never overlapped its
+                    # own P V (SASS of every config, session 30).
+                    gl.store(p_lse + row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout)), l_i)
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
+                release_slot(NUM_STAGES + prev, kv_empty_off, 4)                # V
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+            mbarrier.arrive(q_empty.index(q_slot), count=1)      # every Q K^T of this tile is done
+            last = c + n_mine - 1
+            wait_slot(3 * NUM_STAGES + last % NUM_STAGES, kv_empty_off, (last // NUM_STAGES) & 1, 4)
+            acc_tok = warpgroup_mma(p_op, v_smem.index(last % NUM_STAGES), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+            release_slot(NUM_STAGES + last % NUM_STAGES, kv_empty_off, 4)
+
+            i_b = i_bh // nheads_q
+            i_h = i_bh % nheads_q
+            empty = l_i == 0.0
+            l_safe = gl.where(empty, 1.0, l_i)
+            lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / _LOG2E)
+            rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+            gl.store(p_lse + i_b.to(gl.int64) * stride_lse_b + i_h.to(gl.int64) * stride_lse_h + rows, lse,
+                     mask=rows < seqlen_q)
+            out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
+            tma.store_wait(pendings=0)       # the previous tile's O has left o_buf
+            o_buf.store(out.to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(o_desc, [i_b, row0, i_h, 0], _tma_box(o_buf, o_desc))  # rows past seqlen_q dropped
+            if SKIP_UNSEEN:
+                for j in range(n_mine, n_blocks):
+                    # Released once loaded: the slot's previous use has then been released by every warpgroup, so
+                    # this arrival cannot count toward it.
+                    u = c + j
+                    wait_slot(2 * NUM_STAGES + u % NUM_STAGES, kv_empty_off, (u // NUM_STAGES) & 1, 4)
+                    release_slot(u % NUM_STAGES, kv_empty_off, 4)
+                    wait_slot(3 * NUM_STAGES + u % NUM_STAGES, kv_empty_off, (u // NUM_STAGES) & 1, 4)
+                    release_slot(NUM_STAGES + u % NUM_STAGES, kv_empty_off, 4)
+            c += n_blocks
+            it += 1
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _flash_fwd_hopper_kernel(
+        q_desc, k_desc, v_desc, o_desc, p_lse, stride_lse_b, stride_lse_h,
+        nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_right, n_units, kv_empty_off,
+        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+        Q_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        SPLIT_PV_WAIT: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        # Host-side TMA descriptors over q, o [batch, seqlen_q, nheads_q, HEAD_DIM] (boxes [1, 64, 1, HEAD_DIM]) and
+        # k, v [batch, seqlen_k, nheads_k, HEAD_DIM] (boxes [1, BLOCK_N, 1, HEAD_DIM]): rows past a sequence's end are
+        # zero-filled on loads and dropped on stores. lse [batch, nheads_q, seqlen_q] fp32.
+        # Grid (min(n_units, SMs),) persistent, else (n_units,): n_units = cdiv(seqlen_q, BLOCK_M) * batch * nheads_q
+        # tiles, or PAIRED (persistent causal, an even row-block count) half as many pairs of tiles (_ws_tile).
+        # CONSUMERS (2 or 3) warpgroups of 64 rows: num_warps = 4 is the first (the default partition); the other
+        # consumers and the producer warp are the workers.
+        gl.static_assert(num_warps == 4)
+        gl.static_assert(BLOCK_M == 64 * CONSUMERS)
+        dtype: gl.constexpr = q_desc.dtype
+        ROWS: gl.constexpr = 64
+        q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS * Q_STAGES, ROWS, HEAD_DIM], Q_SMEM)
+        o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_DIM], Q_SMEM)
+        k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
+        v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
+        q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS * Q_STAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS * Q_STAGES, 1], mbarrier.MBarrierLayout())
+        k_ready = 0
+        v_ready = 0
+        # K's empty barriers, then V's: one array, one arrival per consumer warp (release_slot), found in the PTX by
+        # that count (the others take 1) at byte offset kv_empty_off.
+        kv_empty = gl.allocate_shared_memory(gl.int64, [4 * NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        for w in gl.static_range(CONSUMERS * Q_STAGES):
+            mbarrier.init(q_ready.index(w), count=1)
+            mbarrier.init(q_empty.index(w), count=1)
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(kv_empty.index(2 * NUM_STAGES + i), count=1)
+            mbarrier.init(kv_empty.index(3 * NUM_STAGES + i), count=1)
+            mbarrier.init(kv_empty.index(i), count=4 * CONSUMERS)
+            mbarrier.init(kv_empty.index(NUM_STAGES + i), count=4 * CONSUMERS)
+
+        descs = (q_desc, k_desc, v_desc, o_desc)
+        smem = (q_smem, k_smem, v_smem, o_smem)
+        bars = (q_ready, q_empty, k_ready, v_ready, kv_empty)
+        shape = (nheads_q, group, seqlen_q, seqlen_k, gl.cdiv(seqlen_q, BLOCK_M), n_units)
+        if CONSUMERS == 2:
+            gl.warp_specialize([
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale,
+                                kv_empty_off, 0,
+                                HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                                Q_STAGES, SPLIT_PV_WAIT)),
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale,
+                                kv_empty_off, 1,
+                                HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                                Q_STAGES, SPLIT_PV_WAIT)),
+                (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
+                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
+            ], [4, 1], [CONSUMER_REGS, 24])
+        else:
+            gl.warp_specialize([
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale,
+                                kv_empty_off, 0,
+                                HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                                Q_STAGES, SPLIT_PV_WAIT)),
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale,
+                                kv_empty_off, 1,
+                                HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                                Q_STAGES, SPLIT_PV_WAIT)),
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale,
+                                kv_empty_off, 2,
+                                HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                                Q_STAGES, SPLIT_PV_WAIT)),
+                (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
+                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+
+    _launch_forward = LaunchCache(
+        _flash_fwd_hopper_kernel,
+        ptx_args=lambda ptx, cx: (slot_barrier_offset(ptx, 4 * cx["CONSUMERS"], 2 * cx["NUM_STAGES"]), ))
+
+_WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_STAGES=2, num_warps=4, CONSUMER_REGS=240,
+                         SPLIT_PV_WAIT=False)
+
+# (head dim, right window / causal) -> ((shortest key loop, config), ...): where this kernel measured faster
+# than flash_fwd's (H200, bf16, 16384 tokens, model dim 2048, TFLOP/s at S = 512 / 1K / 2K / 4K / 8K / 16K;
+# benchmarks/NOTES.md sessions 15-17). A call takes the last entry whose key loop is at most seqlen_k.
+# Session 17 (CUDA-graph timed, one run, `results/h200-2026-11-22-s17/c5`), all persistent:
+# - hd128 without a mask, two Q slots: 513 / 559 / 586 / 608 / 614 / 620 (one slot: 461 / 527 / 573 / 591 / 599 / 605);
+#   cuDNN 472 / 531 / 578 / 587 / 599 / 602. Triton's kernel (session 15): 294 / 384 / 473 / 505 / 525 / 544.
+# - hd128 causal, paired row blocks, one Q slot: 297 / 417 / 501 / 541 / 578 / 597 (two: 292 / 411 / 486 / 530 / 569 /
+#   588); cuDNN 315 / 395 / 458 / 504 / 536 / 554. One tile per program (call 1): 253 / 358 / 450 / 514 / 559 / 605;
+#   Triton's 217 / 290 / 357 / 432 / 478 / 529. (Persistent with single tiles round-robin: 437 at 16K.)
+# - hd64 without a mask, two Q slots: 385 / 416 / 435 / 444 / 448 / 450 (one: 347 / 400 / 429 / 443 / 449 / 452);
+#   three consumer warpgroups (192-row tiles, 160 registers each: ptxas spills 16 bytes) from 8K: 475 / 478; cuDNN
+#   366 / 405 / 433 / 447 / 452 / 452. Triton's (call 1): 291 / 358 / 380 / 398.
+# - hd64 causal, paired, two Q slots: 209 / 306 / 367 / 405 / 428 / 441 (one: 212 / 303 / 352 / 390 / 411 / 423; one
+#   tile per program 162 / 247 / 324 / 374 / 412 / 442); cuDNN 254 / 322 / 374 / 405 / 425 / 437. Triton's (call 1):
+#   191 / 270 / 325 / 363 / 389 / 404.
+# Tried and dropped: the next tile's first Q K^T issued beside this tile's last P V (call 4: 2-10% slower at hd64,
+# within 1% at hd128), the key loop split at its first masked block (call 2: hd64 S = 512 causal 211 -> 132),
+# three consumers causal (ptxas spills 408 bytes; slower), 128 x 64 key tiles (8-17% slower; session 23: faster for
+# hd64 causal below 2K keys, below). ptxas, two consumers: 168 registers at launch (12 warps), 240 per consumer
+# warpgroup, no spill (16 bytes at hd128 causal); 225 KB of shared memory at hd128 with two Q slots. Three: 128 at
+# launch (16 warps), 160 per consumer.
+# Session 23 (H100, CUDA-graph timed, two runs, `results/h100-2026-11-23-s23/c3`): hd64 causal with 64-key tiles, where
+# each causal tile's last key block is one its lower warpgroup releases unread, and 3 K / V stages: 255 / 299 / 334 /
+# 362 and 241 / 299 / 334 / 360 at S = 512 / 1K / 2K / 4K vs 128-key tiles' 218 / 288 / 353 / 390 and 216 / 293 / 356 /
+# 392 (cuDNN 256 / 325 / 371 / 404 and 245 / 313 / 366 / 400); 2 stages 247 / 294, 4 stages 254 / 297 at S = 512 / 1K.
+# Session 27 (H100, CUDA-graph timed, two runs, `results/h100-2026-11-23-s27/c4`): hd128 causal at S = 512 with the
+# same 64-key tiles, 3 stages and two Q slots 328 / 317 vs 282 / 283 for 128-key tiles with one Q slot (one Q slot:
+# 309 / 301; 4 stages: 300 / 297; cuDNN 307 / 297); at 1K 410 / 404 vs 407 / 406 (cuDNN 394 / 377): kept below 1K.
+# Session 29 (H100, CUDA-graph timed, two rounds, `results/h100-2026-11-23-s29/c4`): hd64 causal at 1K keys, 128-key
+# tiles with 3 stages 307 (median; 4 stages 306) vs the 64-key entry's 297 and 2 stages' 302 (`c1`); cuDNN 319. The
+# third slot lets the next tile's first blocks load while this tile's short key loop (1-8 blocks) ends. At 512 keys
+# 207 vs 251 (64-key tiles stay), at 2K / 8K equal to 2 stages (369 / 431 vs 367 / 432).
+# Session 30 (H100, CUDA-graph timed, `results/h100-2026-11-23-s30/`): SPLIT_PV_WAIT (the wait for P V placed after the
+# softmax's exponentials in SASS, i.e. FA3's intra-warpgroup overlap, which ptxas had undone at every entry): hd128
+# causal 496 / 555 / 587 / 606 at S = 2K / 4K / 8K / 16K vs 491 / 545 / 574 / 595 without (three rounds, `c2`; cuDNN 449 /
+# 488 / 520 / 546), 404 vs 403 at 1K; on every entry (`c1`) hd64 2-5% slower (causal 1K 295 vs 311), hd128 without a
+# mask 0.5-1.5% slower, hd128 causal at 512 / 1K 315 / 410 vs 327 / 413.
+# Session 31 (H100, CUDA-graph timed, three rounds, `results/h100-2026-11-23-s31/c2`): the causal mask as one compare
+# per score (_softmax_block), all entries: hd64 causal 253 / 323 / 379 / 433 at S = 512 / 1K / 2K / 8K vs 252 / 302 / 367 /
+# 431 (cuDNN 245 / 319 / 369 / 420), hd128 causal 328 / 414 / 564 at 512 / 1K / 4K vs 322 / 409 / 562.
+_THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_REGS=160)
+HOPPER_CONFIGS = {
+    (64, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
+    (64, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
+                 (1024, dict(_WARP_SPECIALIZED, PERSISTENT=True, NUM_STAGES=3)),
+                 (2048, dict(_WARP_SPECIALIZED, PERSISTENT=True))),
+    (128, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
+    (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
+                  (1024, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1)),
+                  (2048, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1, SPLIT_PV_WAIT=True))),
+}
+# Causal with an odd number of row blocks (no pairs): one tile per program, heaviest first, where it measured faster
+# than Triton's kernel (sessions 15-17: hd128 from 512 keys, hd64 from 4096).
+HOPPER_ODD_CAUSAL_CONFIGS = {
+    64: ((4096, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
+    128: ((512, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
+}
+
+
+# Grids: this kernel from MIN_WAVE waves of tiles (BLOCK_M rows of one head), persistent from MIN_WAVE waves of units
+# (causal pairs two tiles per unit), one tile per program in between. Measured on an H100 (session 23, `results/
+# h100-2026-11-23-s23/c1`, CUDA-graph timed, TFLOP/s, persistent / one tile per program / flash_fwd's pointer kernel /
+# cuDNN): B1 H32 hd128 causal S = 1024 (256 tiles, 128 units) 414 / 275 / 161 / 276, S = 512 (128 tiles, 64 units)
+# 144 / 180 / 158 / 169; B1 H32 hd128 S = 512 (128 tiles) 374 / 380 / 306 / 347, S = 1024 555 / 491 / 255 / 516;
+# B1 H16 hd64 S = 2048 (256 tiles) 422 / 401 / 337 / 417, S = 512 (64 tiles) 118 / 120 / 129 / 116: half a wave of
+# 128-row tiles stays with the pointer kernel's 64-row ones.
+MIN_WAVE = 0.9
+
+
+def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, programs_per_row_block: int,
+                          num_sms: int):
+    """This file's config for a call, or None where flash_fwd's kernels measured faster: head dims and masks
+    without a HOPPER_CONFIGS entry, key loops shorter than the entry's, grids under MIN_WAVE waves of tiles. Causal
+    calls whose row blocks do not pair up take HOPPER_ODD_CAUSAL_CONFIGS; persistent configs whose units fill under
+    MIN_WAVE waves run one tile per program."""
+    config = _table_entry(HOPPER_CONFIGS.get((head_dim, causal), ()), seqlen_k)
+    if config is not None and causal and cdiv(seqlen_q, config["BLOCK_M"]) % 2:
+        config = _table_entry(HOPPER_ODD_CAUSAL_CONFIGS.get(head_dim, ()), seqlen_k)
+    if config is None:
+        return None
+    tiles = cdiv(seqlen_q, config["BLOCK_M"]) * programs_per_row_block
+    if tiles < MIN_WAVE * num_sms:
+        return None
+    units = tiles // 2 if causal and config["PERSISTENT"] else tiles
+    if config["PERSISTENT"] and units < MIN_WAVE * num_sms:
+        return dict(config, PERSISTENT=False, Q_STAGES=1)
+    return dict(config)
+
+
+def _table_entry(entries, seqlen_k: int):
+    """The config of the last (shortest key loop, config) entry whose key loop is at most seqlen_k, or None."""
+    config = None
+    for min_seqlen_k, entry in entries:
+        if seqlen_k >= min_seqlen_k:
+            config = entry
+    return config
+
+
+def _smem_layout(block_shape, dtype):
+    return _smem_layout_cached(tuple(block_shape), dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout_cached(block_shape, dtype):
+    # ~11 us uncached, ten lookups per launch: measured as host time at short sequences (session 15)
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
+
+
+def sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype):
+    """(shape, strides, box, layout) of the 4-D host-side descriptor over a [batch, seqlen, heads, head dim] tensor
+    with [1, box, 1, head dim] boxes that both Gluon kernels use (rows past seqlen zero-filled on loads, dropped on
+    stores): host_descriptor's arguments after the tensor."""
+    return ([batch, seqlen, heads, head_dim], list(strides), [1, box, 1, head_dim],
+            _smem_layout([1, box, 1, head_dim], dtype))
+
+
+def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
+                   nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config):
+    """Launch on validated inputs (flash_fwd's fast-path checks, TMA alignment included) through the plan kept for
+    this call signature (_ForwardPlan)."""
+    key = (q.shape, k.shape, q_strides, k_strides, v_strides, o_strides, lse_strides, q.dtype, window_right,
+           bottom_right, tuple(config.items()), launch_device(), sm_count(q.device))
+    plan = _PLANS.get(key, lambda: _ForwardPlan(q, k, nheads_q, nheads_k, seqlen_q, seqlen_k, q_strides, k_strides,
+                                                 v_strides, o_strides, lse_strides, window_right, bottom_right, config))
+    plan(q, k, v, out, lse, qk_scale)
+    return out, lse
+
+
+_PLANS = PlanCache()
+
+
+class _ForwardPlan:
+    """What a launch derives from the call's signature alone (grid, row-block walk, descriptor geometry, constexprs,
+    the compiled kernel), kept so that a repeated call only builds its four descriptors and launches: host time is
+    what short calls are bound by on a slow host (benchmarks/NOTES.md, session 23)."""
+
+    def __init__(self, q, k, nheads_q, nheads_k, seqlen_q, seqlen_k, q_strides, k_strides, v_strides, o_strides,
+                 lse_strides, window_right, bottom_right, config):
+        head_dim, batch = q.shape[-1], q.shape[0]
+        cfg = dict(config)
+        block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
+        rows = block_m // cfg["CONSUMERS"]          # 64: one consumer warpgroup's rows
+        n_m_blocks = cdiv(seqlen_q, block_m)
+        paired = cfg["PERSISTENT"] and window_right >= 0     # persistent causal: units of two row blocks (_ws_tile)
+        if paired and n_m_blocks % 2:                        # an odd count (configs from outside the table: tests)
+            cfg["PERSISTENT"] = paired = False               # one tile per program instead
+        n_units = n_m_blocks * batch * nheads_q // (2 if paired else 1)
+        grid = (min(n_units, sm_count(q.device)) if cfg.pop("PERSISTENT") else n_units, )
+        # The kernel reads each [1, box, 1, head_dim] TMA box as a [box, head_dim] tile (_tma_box): the two layouts
+        # must swizzle alike.
+        assert all(_smem_layout([1, box, 1, head_dim], q.dtype).swizzle_byte_width
+                   == _smem_layout([box, head_dim], q.dtype).swizzle_byte_width for box in (rows, block_n))
+        self.descriptors = [sequence_geometry(batch, seqlen, heads, head_dim, strides, box, q.dtype)  # q, k, v, out
+                            for seqlen, heads, strides, box in ((seqlen_q, nheads_q, q_strides, rows),
+                                                                (seqlen_k, nheads_k, k_strides, block_n),
+                                                                (seqlen_k, nheads_k, v_strides, block_n),
+                                                                (seqlen_q, nheads_q, o_strides, rows))]
+        self.lse_strides = tuple(lse_strides)
+        self.sizes = (nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k)
+        self.window = (window_right, n_units)
+        self.launch = Launch(_launch_forward, grid, self.descriptors, HAS_RIGHT=window_right >= 0,
+                             BOTTOM_RIGHT=bottom_right, PAIRED=paired, BLOCK_M=block_m, BLOCK_N=block_n,
+                             HEAD_DIM=head_dim,
+                             Q_SMEM=_smem_layout([rows, head_dim], q.dtype),
+                             KV_SMEM=_smem_layout([block_n, head_dim], q.dtype), **cfg)
+
+    def __call__(self, q, k, v, out, lse, qk_scale):
+        self.launch(q, k, v, out, lse, *self.lse_strides, *self.sizes, qk_scale, *self.window)
