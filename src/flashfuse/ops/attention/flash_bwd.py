@@ -608,8 +608,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
         num_kv_blocks, num_q_blocks = cdiv(seqlen_k, cfg["BLOCK_N1"]), 0
         grid = (batch * nheads_k, num_kv_blocks) if heads_first else (num_kv_blocks, batch * nheads_k)
     else:
-        cfg, stagger, heads_first = (dict(config or backward_config(block_d, q.dtype, _large_smem(q.device))), False,
-                                     False)
+        large_smem = block_d > 128 and _large_smem(q.device)          # (only the wide head dims' tiles ask)
+        cfg, stagger, heads_first = dict(config or backward_config(block_d, q.dtype, large_smem)), False, False
         num_kv_blocks = cdiv(seqlen_k, cfg["BLOCK_N1"])
         num_q_blocks = cdiv(seqlen_q, cfg["BLOCK_M2"])
         grid = (num_kv_blocks + group * num_q_blocks, batch * nheads_k)
