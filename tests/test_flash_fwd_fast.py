@@ -183,7 +183,7 @@ def test_hopper_forward_plan():
 
 def test_hopper_backward_plan(monkeypatch):
     """flash_bwd_hopper's Gluon backward (atomic dQ): only for deterministic=False, without the score extras or
-    varlen, 16-bit, at head dims 64 / 128, where the device can run it (never in the interpreter). The kernel
+    varlen, 16-bit, at head dims 33..128 (computed at 64 / 128), where the device can run it (never in the interpreter). The kernel
     runs in the GPU tier (test_flash_attn_gpu.py)."""
     from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper as hopper
 
@@ -195,8 +195,10 @@ def test_hopper_backward_plan(monkeypatch):
     assert plan(deterministic=True) is None
     assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, is_varlen=True, extras=False) is None
     assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, is_varlen=False, extras=True) is None
-    q96 = torch.empty(2, 256, 4, 96, dtype=torch.bfloat16)
-    assert flash_bwd._hopper_plan(q96, q96, q96, q96, deterministic=False, is_varlen=False, extras=False) is None
+    for head_dim, config in ((40, hopper.HOPPER_BWD_CONFIGS[64]), (96, hopper.HOPPER_BWD_CONFIGS[128]), (160, None),
+                             (24, None)):            # 33..128 padded to the kernel's 64 / 128 (kernel_head_dim)
+        qd = torch.empty(2, 256, 4, head_dim, dtype=torch.bfloat16)
+        assert flash_bwd._hopper_plan(qd, qd, qd, qd, deterministic=False, is_varlen=False, extras=False) == config
     q32 = q.float()
     assert flash_bwd._hopper_plan(q32, q32, q32, q32, deterministic=False, is_varlen=False, extras=False) is None
     assert flash_bwd._hopper_plan(q.float(), q, q, q, deterministic=False, is_varlen=False, extras=False) is None
