@@ -244,3 +244,42 @@ def test_backward_fp32_grads():
     for name, g16, g32 in zip(("dq", "dk", "dv"), grads16, grads32):
         assert g32.dtype == torch.float32 and g16.dtype == F16, name
         assert torch.equal(g32.to(F16), g16), name
+
+
+# ----------------------------------------------------------------------------------------------------
+# Windows that hide no key (interface.binding_window): run as unwindowed attention
+# ----------------------------------------------------------------------------------------------------
+
+def test_binding_window_matches_the_mask():
+    """binding_window drops a side exactly when the mask it describes hides no key, for every length pair and
+    window side up to 6, both alignments (brute force over query / key pairs)."""
+    from flashfuse.ops.attention.interface import binding_window
+    for sq in range(0, 6):
+        for sk in range(0, 6):
+            for bottom_right in (True, False):
+                off = sk - sq if bottom_right else 0
+                for w in range(-1, 7):
+                    pairs = [(i, j) for i in range(sq) for j in range(sk)]
+                    hides_left = w >= 0 and any(j < i + off - w for i, j in pairs)
+                    hides_right = w >= 0 and any(j > i + off + w for i, j in pairs)
+                    left, right = binding_window(sq, sk, w, w, bottom_right)
+                    assert (left >= 0) == hides_left, (sq, sk, bottom_right, w)
+                    assert (right >= 0) == hides_right, (sq, sk, bottom_right, w)
+                    if left >= 0:
+                        assert left == w
+                    if right >= 0:
+                        assert right == w
+
+
+def test_non_binding_window_equals_unwindowed(device):
+    """A left window as wide as the keys (Mistral's 4096 over 4096 tokens, here 76 over 77) with causal gives the
+    bits of plain causal attention, in the forward and every gradient: the same kernels run."""
+    q, k, v = rand_qkv(1, 77, 77, 2, 1, 32, dtype=F16, device=device)
+    outs = []
+    for window in ((76, 0), (-1, -1)):
+        qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        out = flash_attn_func(qq, kk, vv, causal=True, window_size=window)
+        out.float().square().sum().backward()
+        outs.append((out, qq.grad, kk.grad, vv.grad))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)

@@ -16,13 +16,13 @@ for p in fn.params:
     if p.is_constexpr: sig[p.name] = "constexpr"
     elif p.name == "x_desc": sig[p.name] = f"tensordesc<bf16[64,64],{layout!r}>"
     elif p.name in ("p_y", "p_res"): sig[p.name] = "*bf16"
+    elif p.name in ("p_trace", "p_part"): sig[p.name] = "*i64"
     elif p.name.startswith("p_"): sig[p.name] = "*fp32"
-    elif p.name == "p_trace": sig[p.name] = "*i64"
     elif p.name == "eps": sig[p.name] = "fp32"
     else: sig[p.name] = "i32"
 k = triton.compile(GluonASTSource(fn, sig, const, {}), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
 with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-    f.write(k.asm["ptx"])
+    f.write(k.asm["ptx"]); open("/tmp/cl.ptx", "w").write(k.asm["ptx"])
 r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/tmp/cl.cubin"], capture_output=True, text=True)
 print(r.stderr[-600:], "smem", k.metadata.shared)

@@ -79,10 +79,12 @@ sub("PARTS: gl.constexpr, empty_off):", "PARTS: gl.constexpr, empty_off, p_trace
 s = s.replace("WARPS, 0, 2, empty_off)),", "WARPS, 0, 2, empty_off, p_trace)),").replace("WARPS, 1, 2, empty_off)),", "WARPS, 1, 2, empty_off, p_trace)),")
 sub("n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps, empty_off,\n            HAS_RESIDUAL",
     "n_chunks, chunk_px, per_round, stride_rn, stride_rc, eps, p_trace, empty_off,\n            HAS_RESIDUAL")
-sub("""    count = torch.zeros(n, dtype=torch.int32, device=x.device)""", """    count = torch.zeros(n, dtype=torch.int32, device=x.device)
-    global TRACE
+sub("""    bind_cuda_context()
+    x_desc = host_descriptor(""", """    global TRACE
     trace = torch.zeros(grid * (PARTS * 128 + 32), dtype=torch.int64, device=x.device)
-    TRACE = (trace, grid, p)""")
+    TRACE = (trace, grid, p)
+    bind_cuda_context()
+    x_desc = host_descriptor(""")
 sub("""            float(eps),
             HAS_RESIDUAL=""", """            float(eps), trace,
             HAS_RESIDUAL=""")

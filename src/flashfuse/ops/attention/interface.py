@@ -208,10 +208,31 @@ def _check_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                              f"{max_name} must be >= the longest sequence")
 
 
+def binding_window(seqlen_q: int, seqlen_k: int, window_left: int, window_right: int,
+                   bottom_right: bool) -> tuple[int, int]:
+    """(window_left, window_right) with -1 for a side that hides no key at these lengths (or below them: varlen
+    passes its max_seqlen_q / _k): the same attention, and the unwindowed kernels (Hopper's Gluon ones take no left
+    window) run it. Query i sees keys [i + off - left, i + off + right], off = seqlen_k - seqlen_q bottom-right, else
+    0: the left side hides a key iff left < seqlen_q - 1 + off, the right side iff right < seqlen_k - 1 - off (a
+    window of 4096 over 4096 keys, as Mistral's, is plain causal attention)."""
+    if seqlen_q == 0 or seqlen_k == 0:
+        return -1, -1
+    off = seqlen_k - seqlen_q if bottom_right else 0
+    if window_left >= seqlen_q - 1 + off:
+        window_left = -1
+    if window_right >= seqlen_k - 1 - off:
+        window_right = -1
+    return window_left, window_right
+
+
 def _run(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
          softmax_scale, window_left, window_right, bottom_right=True, softcap=0.0, alibi_slopes=None,
          attn_bias=None, dropout_p=0.0, deterministic=False):
     q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
+    varlen = cu_seqlens_q is not None
+    window_left, window_right = binding_window(max_seqlen_q if varlen else q.shape[1],
+                                               max_seqlen_k if varlen else k.shape[1], window_left, window_right,
+                                               bottom_right)
     rng_state = new_rng_state(q.device) if dropout_p > 0 else None
     return _flash_attn_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                            window_left, window_right, bottom_right, softcap, alibi_slopes, attn_bias,
