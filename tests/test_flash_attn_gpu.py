@@ -618,18 +618,6 @@ def test_padded_head_dims_take_gluon_gpu(monkeypatch, headdim, causal):
     check_attention(partial(flash_ref, causal=causal), {"q": q, "k": k, "v": v}, out, lse=lse, ref_dtype=REF)
 
 
-@pytest.mark.parametrize("window", [(1023, 0), (4096, 0), (1023, 1023)])
-def test_non_binding_window_takes_gluon_gpu(monkeypatch, window):
-    """A window that hides no key (Mistral's 4096 over <= 4096 tokens) runs the Gluon kernels (every Triton kernel
-    removed) and passes flash-attn's criterion against the fp32 reference of the windowed attention."""
-    _require_gluon()
-    for name in ("_flash_fwd_kernel", "_flash_fwd_fast_kernel"):
-        monkeypatch.setattr(flash_fwd, name, None)
-    monkeypatch.setattr(flash_bwd, "_flash_bwd_kernel", None)
-    q, k, v = rand_qkv(4, 1024, 1024, 16, 8, 128, dtype=BF16, device="cuda")
-    out, lse, _ = flash_attn_func(q, k, v, window_size=window, return_attn_probs=True)
-    check_attention(partial(flash_ref, window_size=window), {"q": q, "k": k, "v": v}, out, lse=lse, ref_dtype=REF)
-
 
 # ----------------------------------------------------------------------------------------------------
 # Gluon backward (flash_bwd_hopper): deterministic=False on Hopper

@@ -475,7 +475,7 @@ def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softca
     """The fast kernel's config for this call, or None: the features it leaves out go to the kernel above."""
     if not FAST_FORWARD or is_varlen or alibi_slopes is not None or attn_bias is not None:
         return None
-    if dropout_p > 0.0 or softcap > 0.0 or window_left >= 0:
+    if dropout_p > 0.0 or softcap > 0.0:
         return None
     if INTERPRET:                         # the CPU tier also runs fp32 and small head dims through it
         if head_dim not in (16, 32, 64, 128):
@@ -489,8 +489,12 @@ def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softca
             and flash_fwd_hopper.descriptor_compatible(q, k, v, out)):
         cfg = flash_fwd_hopper.hopper_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1],
                                                      programs, num_sms)
+        if cfg is not None and window_left >= 0 and cfg["CONSUMERS"] == 3:
+            cfg = dict(cfg, CONSUMERS=2, BLOCK_M=128, CONSUMER_REGS=240)   # three spill 160 bytes with the left mask
         if cfg is not None:
             return dict(cfg, GLUON=True)
+    if window_left >= 0:                  # a left window: the Gluon kernel's alone
+        return None
     cfg = fast_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1], programs, num_sms)
     if cfg is not None and cfg["USE_TMA"] and not tma_ok:
         return None
@@ -567,7 +571,7 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
             q, k, v, out, lse, q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, o_strides=o_strides,
             lse_strides=lse_strides, nheads_q=nheads_q, nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
             qk_scale=softmax_scale * math.log2(math.e), window_right=window_right, bottom_right=bottom_right,
-            config=fast)
+            config=fast, window_left=window_left)
     if fast is not None:
         if fast["USE_TMA"] and not INTERPRET:
             ensure_tma_allocator()

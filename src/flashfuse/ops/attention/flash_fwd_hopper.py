@@ -37,8 +37,10 @@ tiles round-robin (session 15: one program got twice another's work), the next t
 the last P V of this one (session 17: slower); session 29: half diagonal blocks for the upper warpgroup, one K / V
 release per block, O stored from registers (benchmarks/NOTES.md).
 
-Scope: the common case only, as flash_fwd's fast kernel: 16-bit inputs, no dropout / ALiBi / softcap /
-bias / left window / varlen; a right window (causal) and GQA are in. Head dims 64 and 128, and those between
+Scope: the common case, as flash_fwd's fast kernel, plus sliding windows: 16-bit inputs, no dropout / ALiBi /
+softcap / bias / varlen; GQA, a right window (causal) and a left window are in (HAS_LEFT: a tile's key loop starts
+at the block its first row sees, and the blocks before the first key its last row sees get the left mask; session
+37: hd128 causal with 1024 keys of window 311 -> 478 TFLOP/s, hd64 226 -> 340, where the Triton kernels ran it). Head dims 64 and 128, and those between
 (33..128) padded to them by the TMA boxes alone (kernel_head_dim). Gluon is triton's lower-level
 dialect and its API still moves between releases, so this kernel is used only on the release it was
 written and measured against (GLUON_TRITON); flash_fwd falls back to its Triton kernels everywhere
@@ -94,12 +96,16 @@ if gluon is not None:
     _LOG2E = gl.constexpr(LOG2E)
 
     @gluon.jit
-    def _softmax_block(s, m_i, l_i, j, m0, seqlen_q, seqlen_k, full_end, window_right, qk_scale,
-                       HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
-                       BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    def _softmax_block(s, m_i, l_i, j, m0, seqlen_q, seqlen_k, full_end, left_full, window_left, window_right,
+                       qk_scale, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
         """Online-softmax step for key block j: s [BLOCK_M, BLOCK_N] raw Q K^T (fp32, s_layout).
-        Returns (p, alpha, m_new, l_new); blocks reaching past full_end get the causal / length mask."""
-        if (j + 1) * BLOCK_N > full_end:
+        Returns (p, alpha, m_new, l_new); blocks reaching past full_end get the causal / length mask, blocks starting
+        before left_full (HAS_LEFT: the first key every row sees) the left window's."""
+        need_mask = (j + 1) * BLOCK_N > full_end
+        if HAS_LEFT:
+            need_mask = need_mask | (j * BLOCK_N < left_full)
+        if need_mask:
             # Key j * BLOCK_N + c is visible iff c <= last (per row, relative to the block): one compare and one
             # select per score. (cols < seqlen_k and cols <= rows + off + window_right, two compares and an and per
             # score, ran twice the instructions: ptxas hoisted the compares above the S wait and packed the
@@ -112,6 +118,11 @@ if gluon is not None:
                 visible = gl.expand_dims(rel, 0) <= gl.expand_dims(last, 1)
             else:
                 visible = gl.expand_dims(rel < seqlen_k - j * BLOCK_N, 0)
+            if HAS_LEFT:          # key j * BLOCK_N + c is hidden from row r iff c < r + off - window_left - j * BLOCK_N
+                off_l = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+                rows_l = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+                first = rows_l + off_l - window_left - j * BLOCK_N
+                visible = visible & (gl.expand_dims(rel, 0) >= gl.expand_dims(first, 1))
             s = gl.where(visible, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)   # rows with no visible key yet
@@ -134,9 +145,11 @@ if gluon is not None:
         return 2 * n_mine if PAIRED else n_mine
 
     @gluon.jit
-    def _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                 PAIRED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-        """This program's k-th tile -> (batch*head, first row, number of key blocks). The row blocks of one head
+    def _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT: gl.constexpr,
+                 HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr):
+        """This program's k-th tile -> (batch*head, first row, first key block, number of key blocks) (the first key
+        block is 0 but under a left window, HAS_LEFT). The row blocks of one head
         side by side (K / V reuse in L2), causal heaviest (last) first. PAIRED (persistent causal, an even number
         n of row blocks): a unit is row blocks n - 1 - i and i of one head, one after the other, so that every unit
         holds about n + 1 key blocks and the static round-robin over units stays balanced (one tile per unit gave one
@@ -152,16 +165,20 @@ if gluon is not None:
             if HAS_RIGHT:
                 i_m = n_m_blocks - 1 - i_m
         m0 = i_m * BLOCK_M
+        off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
         hi = seqlen_k
         if HAS_RIGHT:
-            off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
             last_row = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
             hi = gl.maximum(gl.minimum(last_row + off + window_right + 1, seqlen_k), 0)
-        # A block whose rows see no key still runs block 0, fully masked: O = 0, lse = +inf.
-        return t // n_m_blocks, m0, gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
+        j0 = 0
+        if HAS_LEFT:
+            j0 = gl.maximum(m0 + off - window_left, 0) // BLOCK_N
+        # A block whose rows see no key still runs one block, fully masked: O = 0, lse = +inf.
+        return t // n_m_blocks, m0, j0, gl.maximum(gl.cdiv(hi, BLOCK_N) - j0, 1)
 
     @gluon.jit
-    def _ws_producer(descs, smem, bars, shape, window_right, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+    def _ws_producer(descs, smem, bars, shape, window_left, window_right, HAS_LEFT: gl.constexpr,
+                     HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                      PAIRED: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr):
         """One warp: per tile, Q into each consumer's slot it % Q_STAGES once that consumer's last Q K^T of the
@@ -176,8 +193,8 @@ if gluon is not None:
         c = 0
         it = 0
         for k in range(_ws_tiles(n_units, PAIRED)):
-            i_bh, m0, n_blocks = _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT,
-                                          PAIRED, BLOCK_M, BLOCK_N)
+            i_bh, m0, j0, n_blocks = _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT,
+                                              HAS_RIGHT, BOTTOM_RIGHT, PAIRED, BLOCK_M, BLOCK_N)
             i_b = i_bh // nheads_q
             i_h = i_bh % nheads_q
             i_hk = i_h // group
@@ -192,18 +209,18 @@ if gluon is not None:
                 free_parity = (((c + j) // NUM_STAGES) & 1) ^ 1
                 mbarrier.wait(k_empty.index(slot), free_parity)
                 mbarrier.expect(k_ready.index(slot), tile_bytes)
-                tma.async_copy_global_to_shared(k_desc, [i_b, j * BLOCK_N, i_hk, 0], k_ready.index(slot),
+                tma.async_copy_global_to_shared(k_desc, [i_b, (j0 + j) * BLOCK_N, i_hk, 0], k_ready.index(slot),
                                                 _tma_box(k_smem.index(slot), k_desc))
                 mbarrier.wait(v_empty.index(slot), free_parity)
                 mbarrier.expect(v_ready.index(slot), tile_bytes)
-                tma.async_copy_global_to_shared(v_desc, [i_b, j * BLOCK_N, i_hk, 0], v_ready.index(slot),
+                tma.async_copy_global_to_shared(v_desc, [i_b, (j0 + j) * BLOCK_N, i_hk, 0], v_ready.index(slot),
                                                 _tma_box(v_smem.index(slot), v_desc))
             c += n_blocks
             it += 1
 
     @gluon.jit
-    def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale,
-                     WG: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr,
+    def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_left, window_right, qk_scale,
+                     WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr,
                      CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr, SPLIT_PV_WAIT: gl.constexpr):
         """One warpgroup, rows [m0 + WG * ROWS, +ROWS) of each tile (ROWS = BLOCK_M / CONSUMERS): the schedule in the module
@@ -231,19 +248,22 @@ if gluon is not None:
         c = 0
         it = 0
         for k in range(_ws_tiles(n_units, PAIRED)):
-            i_bh, m0, n_blocks = _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT,
-                                          PAIRED, BLOCK_M, BLOCK_N)
+            i_bh, m0, j0, n_blocks = _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT,
+                                              HAS_RIGHT, BOTTOM_RIGHT, PAIRED, BLOCK_M, BLOCK_N)
             q_slot = WG * Q_STAGES + it % Q_STAGES
             q = q_smem.index(q_slot)
             row0 = m0 + WG * ROWS
             full_end = seqlen_k
+            left_full = 0
             n_mine = n_blocks
+            off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+            if HAS_LEFT:          # from key left_full on, every row of this warpgroup sees the keys (left side)
+                left_full = gl.minimum(row0 + ROWS, seqlen_q) - 1 + off - window_left
             if HAS_RIGHT:
-                off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
                 full_end = gl.minimum(row0 + off + window_right + 1, seqlen_k)
                 if SKIP_UNSEEN:
                     seen = gl.minimum(gl.minimum(row0 + ROWS, seqlen_q) + off + window_right, seqlen_k)
-                    n_mine = gl.minimum(gl.maximum(gl.cdiv(seen, BLOCK_N), 1), n_blocks)
+                    n_mine = gl.minimum(gl.maximum(gl.cdiv(seen, BLOCK_N) - j0, 1), n_blocks)
             m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
             l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
             acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
@@ -254,8 +274,9 @@ if gluon is not None:
                                   is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
             mbarrier.arrive(k_empty.index(c % NUM_STAGES), count=1)
-            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, 0, row0, seqlen_q, seqlen_k, full_end, window_right,
-                                                qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, s_layout)
+            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j0, row0, seqlen_q, seqlen_k, full_end, left_full,
+                                                window_left, window_right, qk_scale, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                                                ROWS, BLOCK_N, s_layout)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(1, n_mine):
                 slot = (c + j) % NUM_STAGES
@@ -266,9 +287,9 @@ if gluon is not None:
                 acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))       # S_j done; P V still running
                 mbarrier.arrive(k_empty.index(slot), count=1)
-                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j, row0, seqlen_q, seqlen_k, full_end,
-                                                    window_right, qk_scale, HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N,
-                                                    s_layout)
+                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j0 + j, row0, seqlen_q, seqlen_k, full_end,
+                                                    left_full, window_left, window_right, qk_scale, HAS_LEFT,
+                                                    HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, s_layout)
                 if SPLIT_PV_WAIT and j == -1 - seqlen_q:
                     # Never taken (seqlen_q >= 0): the branch ends the block that holds the exponentials above. Without
                     # it ptxas issues the P V wait below at the start of that block (its scheduler places the wgmma
@@ -316,8 +337,8 @@ if gluon is not None:
     @gluon.jit
     def _flash_fwd_hopper_kernel(
         q_desc, k_desc, v_desc, o_desc, p_lse, stride_lse_b, stride_lse_h,
-        nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_right, n_units,
-        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
+        nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_left, window_right, n_units,
+        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
         Q_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         SPLIT_PV_WAIT: gl.constexpr, num_warps: gl.constexpr,
@@ -359,27 +380,27 @@ if gluon is not None:
         shape = (nheads_q, group, seqlen_q, seqlen_k, gl.cdiv(seqlen_q, BLOCK_M), n_units)
         if CONSUMERS == 2:
             gl.warp_specialize([
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 0,
-                                HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_left, window_right, qk_scale, 0,
+                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                 Q_STAGES, SPLIT_PV_WAIT)),
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 1,
-                                HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_left, window_right, qk_scale, 1,
+                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                 Q_STAGES, SPLIT_PV_WAIT)),
-                (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
+                (_ws_producer, (descs, smem, bars, shape, window_left, window_right, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
             ], [4, 1], [CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 0,
-                                HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_left, window_right, qk_scale, 0,
+                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                 Q_STAGES, SPLIT_PV_WAIT)),
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 1,
-                                HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_left, window_right, qk_scale, 1,
+                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                 Q_STAGES, SPLIT_PV_WAIT)),
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_right, qk_scale, 2,
-                                HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_left, window_right, qk_scale, 2,
+                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                 Q_STAGES, SPLIT_PV_WAIT)),
-                (_ws_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
+                (_ws_producer, (descs, smem, bars, shape, window_left, window_right, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
@@ -520,13 +541,14 @@ def sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype, box_d
 
 
 def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
-                   nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config):
+                   nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config, window_left=-1):
     """Launch on validated inputs (flash_fwd's fast-path checks, TMA alignment included) through the plan kept for
     this call signature (_ForwardPlan)."""
-    key = (q.shape, k.shape, q_strides, k_strides, v_strides, o_strides, lse_strides, q.dtype, window_right,
-           bottom_right, tuple(config.items()), launch_device(), sm_count(q.device))
+    key = (q.shape, k.shape, q_strides, k_strides, v_strides, o_strides, lse_strides, q.dtype, window_left,
+           window_right, bottom_right, tuple(config.items()), launch_device(), sm_count(q.device))
     plan = _PLANS.get(key, lambda: _ForwardPlan(q, k, nheads_q, nheads_k, seqlen_q, seqlen_k, q_strides, k_strides,
-                                                 v_strides, o_strides, lse_strides, window_right, bottom_right, config))
+                                                 v_strides, o_strides, lse_strides, window_left, window_right,
+                                                 bottom_right, config))
     plan(q, k, v, out, lse, qk_scale)
     return out, lse
 
@@ -540,7 +562,7 @@ class _ForwardPlan:
     what short calls are bound by on a slow host (benchmarks/NOTES.md, session 23)."""
 
     def __init__(self, q, k, nheads_q, nheads_k, seqlen_q, seqlen_k, q_strides, k_strides, v_strides, o_strides,
-                 lse_strides, window_right, bottom_right, config):
+                 lse_strides, window_left, window_right, bottom_right, config):
         head_dim, batch = q.shape[-1], q.shape[0]
         kernel_dim = kernel_head_dim(head_dim) or head_dim
         cfg = dict(config)
@@ -563,8 +585,9 @@ class _ForwardPlan:
                                                                 (seqlen_q, nheads_q, o_strides, rows))]
         self.lse_strides = tuple(lse_strides)
         self.sizes = (nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k)
-        self.window = (window_right, n_units)
-        self.launch = Launch(_launch_forward, grid, self.descriptors, HAS_RIGHT=window_right >= 0,
+        self.window = (window_left, window_right, n_units)
+        self.launch = Launch(_launch_forward, grid, self.descriptors, HAS_LEFT=window_left >= 0,
+                             HAS_RIGHT=window_right >= 0,
                              BOTTOM_RIGHT=bottom_right, PAIRED=paired, BLOCK_M=block_m, BLOCK_N=block_n,
                              HEAD_DIM=kernel_dim,
                              Q_SMEM=_smem_layout([rows, kernel_dim], q.dtype),
