@@ -1,8 +1,8 @@
-"""Attention windows on Hopper's Gluon forward, GPU tier (`pytest -m gpu`): sliding (left) windows, alone or with
-causal / a right window, at shapes the launch tables send to flash_fwd_hopper, with the Triton forwards removed so
-that only the Gluon kernel can have run; windows that hide no key (interface.binding_window) on both Gluon
-kernels. out, lse and every gradient by flash-attn's criterion against the fp32 reference (test_flash_attn_gpu.py's
-docstring); the backward of a left window is flash_bwd's Triton grid."""
+"""Attention windows on Hopper's Gluon kernels, GPU tier (`pytest -m gpu`): sliding (left) windows, alone or with
+causal / a right window, at shapes the launch tables send to flash_fwd_hopper and flash_bwd_hopper, with flash_fwd's
+and flash_bwd's Triton kernels removed so that only the Gluon kernels can have run; windows that hide no key
+(interface.binding_window). out, lse and every gradient by flash-attn's criterion against the fp32 reference
+(test_flash_attn_gpu.py's docstring)."""
 
 from functools import partial
 
@@ -20,13 +20,14 @@ REF = torch.float32
 
 
 @pytest.fixture(autouse=True)
-def _gluon_forward_only(monkeypatch):
-    """Skip off sm_90 / triton 3.6 (the kernel is never called there); remove flash_fwd's Triton forwards; full fp32
-    matmuls for the reference."""
+def _gluon_only(monkeypatch):
+    """Skip off sm_90 / triton 3.6 (the kernels are never called there); remove the Triton forwards and backward;
+    full fp32 matmuls for the reference."""
     if not flash_fwd_hopper.available(torch.device("cuda")):
         pytest.skip("flash_fwd_hopper needs sm_90 and triton " + flash_fwd_hopper.GLUON_TRITON)
     for name in ("_flash_fwd_kernel", "_flash_fwd_fast_kernel"):
         monkeypatch.setattr(flash_fwd, name, None)
+    monkeypatch.setattr(flash_bwd, "_flash_bwd_kernel", None)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
 
 
@@ -57,10 +58,9 @@ def test_left_window_gluon_forward_gpu(dtype, headdim, batch, seqlens, heads, op
 
 
 @pytest.mark.parametrize("window", [(1023, 0), (4096, 0), (1023, 1023)])
-def test_non_binding_window_takes_gluon_gpu(monkeypatch, window):
-    """A window that hides no key (Mistral's 4096 over <= 4096 tokens) runs both Gluon kernels (the Triton backward
-    removed too) and passes the criterion against the reference of the windowed attention."""
-    monkeypatch.setattr(flash_bwd, "_flash_bwd_kernel", None)
+def test_non_binding_window_takes_gluon_gpu(window):
+    """A window that hides no key (Mistral's 4096 over <= 4096 tokens) runs both Gluon kernels and passes the criterion
+    against the reference of the windowed attention."""
     q, k, v = rand_qkv(4, 1024, 1024, 16, 8, 128, dtype=BF16, device="cuda")
     out, lse, _ = flash_attn_func(q, k, v, window_size=window, return_attn_probs=True)
     check_attention(partial(flash_ref, window_size=window), {"q": q, "k": k, "v": v}, out, lse=lse, ref_dtype=REF)

@@ -12,4 +12,10 @@ for hd in (64, 128):
             f = lambda: flash_attn_func(q, k, v, causal=causal)
             f()
             ms = do_bench_cudagraph(f, rep=60, return_mode="median")
-            print(f"{tag} hd{hd} {'causal' if causal else 'full'} S={S} {4 * B * H * S * S * hd * (0.5 if causal else 1) / ms / 1e9:.0f}", flush=True)
+            fl = 4 * B * H * S * S * hd * (0.5 if causal else 1)
+            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+            out = flash_attn_func(qg, kg, vg, causal=causal)
+            g = torch.randn_like(out)
+            import triton
+            bms = triton.testing.do_bench(lambda: torch.autograd.grad(out, (qg, kg, vg), g, retain_graph=True), rep=150, return_mode="median")
+            print(f"{tag} hd{hd} {'causal' if causal else 'full'} S={S} fwd {fl / ms / 1e9:.0f} bwd {2.5 * fl / bms / 1e9:.0f}", flush=True)

@@ -557,13 +557,16 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     dtype, for callers that sum partial gradients (ring attention) and should round once, at the end.
     Returns (dq, dk, dv), contiguous, shaped like q, k, v."""
     is_varlen = cu_seqlens_q is not None
-    extras = softcap > 0 or alibi_slopes is not None or attn_bias is not None or dropout_p > 0 or window_left >= 0
+    score_extras = softcap > 0 or alibi_slopes is not None or attn_bias is not None or dropout_p > 0
+    extras = score_extras or window_left >= 0           # the Triton grid's small tiles (atomic_backward_config)
     hopper_cfg = None
     if config is None and not (q.numel() == 0 or k.numel() == 0):
-        hopper_cfg = _hopper_plan(dout, q, k, v, deterministic=deterministic, is_varlen=is_varlen, extras=extras)
+        hopper_cfg = _hopper_plan(dout, q, k, v, deterministic=deterministic, is_varlen=is_varlen,
+                                  extras=score_extras)
     if hopper_cfg is not None:
-        return _hopper_backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, window_right=window_right,
-                                bottom_right=bottom_right, fp32_grads=fp32_grads, config=hopper_cfg)
+        return _hopper_backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, window_left=window_left,
+                                window_right=window_right, bottom_right=bottom_right, fp32_grads=fp32_grads,
+                                config=hopper_cfg)
     use_atomic = (ATOMIC_DQ if atomic_dq is None else atomic_dq) and not deterministic
     # delta is allocated dense and indexed with lse's strides: a strided lse view (a slice of a longer
     # sequence's lse, as ring attention takes) is copied once so both layouts agree.
@@ -655,12 +658,14 @@ def hopper_backward_inputs(out, dout, lse, block_m: int):
 _PREPROCESS_PLANS = PlanCache()
 
 
-def _hopper_backward(dout, q, k, v, out, lse, *, softmax_scale, window_right, bottom_right, fp32_grads, config):
+def _hopper_backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, window_right, bottom_right, fp32_grads,
+                     config):
     """flash_bwd_hopper's kernel: it adds dQ (scaled) into the fp32 buffer, cast to dq's dtype after."""
     delta, lse2, dq_acc = hopper_backward_inputs(out, dout, lse, config["BLOCK_M"])
     grad_dtype = torch.float32 if fp32_grads else k.dtype
     dk, dv = (torch.empty(t.shape, dtype=grad_dtype, device=t.device) for t in (k, v))
     flash_bwd_hopper.hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv,
                                      qk_scale=softmax_scale * flash_bwd_hopper.LOG2E, sm_scale=softmax_scale,
-                                     window_right=window_right, bottom_right=bottom_right, config=config)
+                                     window_right=window_right, bottom_right=bottom_right, config=config,
+                                     window_left=window_left)
     return (dq_acc if fp32_grads else dq_acc.to(q.dtype)), dk, dv

@@ -32,7 +32,7 @@ Measured (benchmarks/NOTES.md, sessions 16 and 22): hd128 0.93-1.03x cuDNN from 
 
 dQ's summation order over key blocks varies run to run (atomics), so deterministic=True keeps flash_bwd's
 grid. Scope as flash_fwd_hopper: 16-bit inputs, head dims 33..128 (kernel_head_dim), no dropout / ALiBi /
-softcap / bias / left window / varlen; a right window (causal) and GQA are in. Used only on the triton release
+softcap / bias / varlen; GQA and both window sides (causal, sliding) are in. Used only on the triton release
 it was written and measured against (flash_fwd_hopper.GLUON_TRITON); flash_bwd's Triton grid everywhere else.
 """
 
@@ -67,16 +67,21 @@ if gluon is not None:
                                                   src.handle)
 
     @gluon.jit
-    def _query_range(i_n, seqlen_q, seqlen_k, window_right, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-        """Key block i_n -> (first query block that sees any of its keys, number of query blocks from there).
-        Query q sees key k iff k <= q + off + window_right (off = seqlen_k - seqlen_q when bottom-right)."""
+    def _query_range(i_n, seqlen_q, seqlen_k, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                     BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Key block i_n -> (first query block that sees any of its keys, number of query blocks from there, 0 when
+        none does). Query q sees key k iff q + off - window_left <= k <= q + off + window_right (windows: (window_left,
+        window_right); off = seqlen_k - seqlen_q when bottom-right)."""
+        window_left, window_right = windows
+        off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
         n_m = gl.cdiv(seqlen_q, BLOCK_M)
         m_first = 0
         if HAS_RIGHT:
-            off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
             m_first = gl.minimum(gl.maximum(i_n * BLOCK_N - off - window_right, 0) // BLOCK_M, n_m)
-        return m_first, n_m - m_first
+        m_end = n_m
+        if HAS_LEFT:          # the last query that sees the block's last key: i_n * BLOCK_N + BLOCK_N - 1 + window_left - off
+            m_end = gl.minimum(gl.cdiv(gl.maximum(i_n * BLOCK_N + BLOCK_N + window_left - off, 0), BLOCK_M), n_m)
+        return m_first, gl.maximum(m_end - m_first, 0)
 
     @gluon.jit
     def _program(seqlen_k, nheads_k, BLOCK_N: gl.constexpr):
@@ -88,16 +93,16 @@ if gluon is not None:
         return pid % n_blocks, i_bhk // nheads_k, i_bhk % nheads_k
 
     @gluon.jit
-    def _key_block(seqlen_q, seqlen_k, nheads_k, window_right, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    def _key_block(seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                   BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
         """This program's (batch, kv head, first key n0, the causal offset off, first query block, number of
-        query blocks). Query q sees key k iff k <= q + off + window_right."""
+        query blocks). Query q sees key k iff q + off - window_left <= k <= q + off + window_right."""
         i_n, i_b, i_hk = _program(seqlen_k, nheads_k, BLOCK_N)
         off = 0
         if BOTTOM_RIGHT:
             off = seqlen_k - seqlen_q
-        m_first, n_steps = _query_range(i_n, seqlen_q, seqlen_k, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
-                                        BLOCK_N)
+        m_first, n_steps = _query_range(i_n, seqlen_q, seqlen_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                                        BLOCK_M, BLOCK_N)
         return i_b, i_hk, i_n * BLOCK_N, off, m_first, n_steps
 
     @gluon.jit
@@ -108,7 +113,8 @@ if gluon is not None:
         return i_hk * group + i // n_steps, (m_first + i % n_steps) * BLOCK_M
 
     @gluon.jit
-    def _bwd_producer(descs, smem, bars, shape, window_right, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+    def _bwd_producer(descs, smem, bars, shape, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                      BOTTOM_RIGHT: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
         """One warp: K and V once, then per step (query head of the group, query block) Q + lse2 and dO + delta
         into slot i % NUM_STAGES once the consumer released it."""
@@ -116,7 +122,7 @@ if gluon is not None:
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
         kv_ready, q_ready, do_ready, empty = bars
         nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
-        i_b, i_hk, n0, _, m_first, n_steps = _key_block(seqlen_q, seqlen_k, nheads_k, window_right, HAS_RIGHT,
+        i_b, i_hk, n0, _, m_first, n_steps = _key_block(seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT,
                                                         BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
         mbarrier.expect(kv_ready, 2 * BLOCK_N * HEAD_DIM * 2)
         tma.async_copy_global_to_shared(k_desc, [i_b, n0, i_hk, 0], kv_ready, _tma_box(k_smem, k_desc))
@@ -137,7 +143,8 @@ if gluon is not None:
                                             _tma_box(delta_smem.index(slot), delta_desc))
 
     @gluon.jit
-    def _bwd_consumer(descs, smem, bars, shape, fp32_out, window_right, qk_scale, sm_scale, HAS_RIGHT: gl.constexpr,
+    def _bwd_consumer(descs, smem, bars, shape, fp32_out, windows, qk_scale, sm_scale, HAS_LEFT: gl.constexpr,
+                      HAS_RIGHT: gl.constexpr,
                       BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr,
                       BLOCK_N: gl.constexpr,
                       HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
@@ -156,7 +163,8 @@ if gluon is not None:
                                                             instr_shape=[16, HEAD_DIM // 2, 16])
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
         cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)      # one value per query (column)
-        i_b, i_hk, n0, off, m_first, n_steps = _key_block(seqlen_q, seqlen_k, nheads_k, window_right, HAS_RIGHT,
+        window_left, window_right = windows
+        i_b, i_hk, n0, off, m_first, n_steps = _key_block(seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT,
                                                           BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
         keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
         zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
@@ -182,11 +190,15 @@ if gluon is not None:
             need_mask = n0 + BLOCK_N > seqlen_k
             if HAS_RIGHT:
                 need_mask = need_mask | (m0 + off + window_right < n0 + BLOCK_N - 1)
+            if HAS_LEFT:      # under a left window, keys before a query's first visible one
+                need_mask = need_mask | (n0 < m0 + BLOCK_M - 1 + off - window_left)
             if need_mask:
                 queries = m0 + gl.arange(0, BLOCK_M, layout=cols_layout)
                 visible = gl.expand_dims(keys < seqlen_k, 1)
                 if HAS_RIGHT:
                     visible = visible & (gl.expand_dims(keys, 1) <= gl.expand_dims(queries + off + window_right, 0))
+                if HAS_LEFT:
+                    visible = visible & (gl.expand_dims(keys, 1) >= gl.expand_dims(queries + off - window_left, 0))
                 pt = gl.where(visible, pt, 0.0)
             pt_op = gl.convert_layout(pt.to(dtype), op_layout)
             dv_tok = warpgroup_mma(pt_op, do, dv, is_async=True)
@@ -209,8 +221,8 @@ if gluon is not None:
                     BLOCK_N, HEAD_DIM)
 
     @gluon.jit
-    def _bwd_consumer_rows(descs, smem, p_smem, bars, shape, fp32_out, window_right, qk_scale, sm_scale,
-                           HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr,
+    def _bwd_consumer_rows(descs, smem, p_smem, bars, shape, fp32_out, windows, qk_scale, sm_scale,
+                           HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            NUM_STAGES: gl.constexpr):
         """Eight warps, scores in the row layout (FlashAttention-3's head-dim-64 scheme): with 128-row query steps
@@ -232,7 +244,8 @@ if gluon is not None:
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
-        i_b, i_hk, n0, off, m_first, n_steps = _key_block(seqlen_q, seqlen_k, nheads_k, window_right, HAS_RIGHT,
+        window_left, window_right = windows
+        i_b, i_hk, n0, off, m_first, n_steps = _key_block(seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT,
                                                           BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=kv_layout)
@@ -256,12 +269,16 @@ if gluon is not None:
             need_mask = n0 + BLOCK_N > seqlen_k
             if HAS_RIGHT:
                 need_mask = need_mask | (m0 + off + window_right < n0 + BLOCK_N - 1)
+            if HAS_LEFT:
+                need_mask = need_mask | (n0 < m0 + BLOCK_M - 1 + off - window_left)
             if need_mask:
                 queries = m0 + gl.arange(0, BLOCK_M, layout=rows_layout)
                 keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
                 visible = gl.expand_dims(keys < seqlen_k, 0)
                 if HAS_RIGHT:
                     visible = visible & (gl.expand_dims(keys, 0) <= gl.expand_dims(queries + off + window_right, 1))
+                if HAS_LEFT:
+                    visible = visible & (gl.expand_dims(keys, 0) >= gl.expand_dims(queries + off - window_left, 1))
                 p = gl.where(visible, p, 0.0)
             p_smem.store(p.to(dtype))
             fence_async_shared()
@@ -325,8 +342,8 @@ if gluon is not None:
     def _flash_bwd_hopper_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
         p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim,
-        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_right,
-        HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr,
+        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_left, window_right,
+        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr,
         HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_T: gl.constexpr, Q_SMEM: gl.constexpr,
         KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr, num_warps: gl.constexpr,
@@ -366,13 +383,14 @@ if gluon is not None:
         bars = (kv_ready, q_ready, do_ready, empty)
         shape = (nheads_q, nheads_k, nheads_q // nheads_k, seqlen_q, seqlen_k)
         fp32_out = (p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim)
+        windows = (window_left, window_right)
         if SCORES_T:
             ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], DS_SMEM)
             smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
             gl.warp_specialize([
-                (_bwd_consumer, (descs, smem, bars, shape, fp32_out, window_right, qk_scale, sm_scale, HAS_RIGHT,
+                (_bwd_consumer, (descs, smem, bars, shape, fp32_out, windows, qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT,
                                  BOTTOM_RIGHT, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
-                (_bwd_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
+                (_bwd_producer, (descs, smem, bars, shape, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
                                  BLOCK_N, HEAD_DIM, NUM_STAGES)),
             ], [1], [24])
         else:
@@ -380,9 +398,9 @@ if gluon is not None:
             p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
             smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
             gl.warp_specialize([
-                (_bwd_consumer_rows, (descs, smem, p_smem, bars, shape, fp32_out, window_right, qk_scale, sm_scale,
-                                      HAS_RIGHT, BOTTOM_RIGHT, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
-                (_bwd_producer, (descs, smem, bars, shape, window_right, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
+                (_bwd_consumer_rows, (descs, smem, p_smem, bars, shape, fp32_out, windows, qk_scale, sm_scale,
+                                      HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                (_bwd_producer, (descs, smem, bars, shape, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
                                  BLOCK_N, HEAD_DIM, NUM_STAGES)),
             ], [1], [24])
 
@@ -414,14 +432,14 @@ def hopper_backward_config(head_dim: int):
 
 
 def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_scale, window_right,
-                    bottom_right, config):
+                    bottom_right, config, window_left=-1):
     """Launch on validated inputs: q, k, v, dout [batch, seqlen, heads, head dim] 16-bit with 16-byte aligned
     strides; lse2, delta from flash_bwd.hopper_backward_inputs; dq_acc zeroed fp32 shaped like q;
     dk, dv contiguous, shaped like k, v: k's dtype, or fp32 (then stored from registers without rounding).
     Through the plan kept for this call signature (_BackwardPlan)."""
-    key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dk.dtype, window_right,
-           bottom_right, tuple(config.items()), launch_device())
-    plan = _PLANS.get(key, lambda: _BackwardPlan(q, k, v, dout, dk, window_right, bottom_right, config))
+    key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dk.dtype, window_left,
+           window_right, bottom_right, tuple(config.items()), launch_device())
+    plan = _PLANS.get(key, lambda: _BackwardPlan(q, k, v, dout, dk, window_left, window_right, bottom_right, config))
     plan(dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale)
 
 
@@ -432,7 +450,7 @@ class _BackwardPlan:
     """What a launch derives from the call's signature alone (grid, descriptor geometry, constexprs, the compiled
     kernel), as flash_fwd_hopper._ForwardPlan: a repeated call builds its nine descriptors and launches."""
 
-    def __init__(self, q, k, v, dout, dk, window_right, bottom_right, config):
+    def __init__(self, q, k, v, dout, dk, window_left, window_right, bottom_right, config):
         batch, seqlen_q, nheads_q, head_dim = q.shape
         kernel_dim = kernel_head_dim(head_dim) or head_dim
         seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -453,10 +471,10 @@ class _BackwardPlan:
             geometry(seqlen_k, nheads_k, dkv_strides, block_n, dk.dtype),
             geometry(seqlen_k, nheads_k, dkv_strides, block_n, dk.dtype)]
         self.sizes = (*dkv_strides[:3], head_dim, nheads_q, nheads_k, seqlen_q, seqlen_k)
-        self.window_right = window_right
+        self.windows = (window_left, window_right)
         self.launch = Launch(
             _launch_backward, (cdiv(seqlen_k, block_n) * batch * nheads_k, ), self.descriptors,
-            HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, FP32_GRADS=dk.dtype == torch.float32,
+            HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, FP32_GRADS=dk.dtype == torch.float32,
             BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=kernel_dim, Q_SMEM=_smem_layout([block_m, kernel_dim], q.dtype),
             KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype),
             DS_SMEM=_smem_layout([block_n, block_m] if cfg["SCORES_T"] else [block_m, block_n], q.dtype),
@@ -464,4 +482,4 @@ class _BackwardPlan:
 
     def __call__(self, dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale):
         self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, dk, dv, *self.sizes, qk_scale, sm_scale,
-                    self.window_right)
+                    *self.windows)
