@@ -79,7 +79,7 @@ if gluon is not None:
         if HAS_RIGHT:
             m_first = gl.minimum(gl.maximum(i_n * BLOCK_N - off - window_right, 0) // BLOCK_M, n_m)
         m_end = n_m
-        if HAS_LEFT:          # the last query that sees the block's last key: i_n * BLOCK_N + BLOCK_N - 1 + window_left - off
+        if HAS_LEFT:          # the last query seeing the block's last key: i_n * BLOCK_N + BLOCK_N - 1 + window_left - off
             m_end = gl.minimum(gl.cdiv(gl.maximum(i_n * BLOCK_N + BLOCK_N + window_left - off, 0), BLOCK_M), n_m)
         return m_first, gl.maximum(m_end - m_first, 0)
 
@@ -222,7 +222,8 @@ if gluon is not None:
 
     @gluon.jit
     def _bwd_consumer_rows(descs, smem, p_smem, bars, shape, fp32_out, windows, qk_scale, sm_scale,
-                           HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr,
+                           HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                           FP32_GRADS: gl.constexpr,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            NUM_STAGES: gl.constexpr):
         """Eight warps, scores in the row layout (FlashAttention-3's head-dim-64 scheme): with 128-row query steps
@@ -343,7 +344,8 @@ if gluon is not None:
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
         p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_left, window_right,
-        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr,
+        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr,
+        BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr,
         HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_T: gl.constexpr, Q_SMEM: gl.constexpr,
         KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr, num_warps: gl.constexpr,
@@ -399,7 +401,8 @@ if gluon is not None:
             smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
             gl.warp_specialize([
                 (_bwd_consumer_rows, (descs, smem, p_smem, bars, shape, fp32_out, windows, qk_scale, sm_scale,
-                                      HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                                      HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                      NUM_STAGES)),
                 (_bwd_producer, (descs, smem, bars, shape, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
                                  BLOCK_N, HEAD_DIM, NUM_STAGES)),
             ], [1], [24])
@@ -474,7 +477,8 @@ class _BackwardPlan:
         self.windows = (window_left, window_right)
         self.launch = Launch(
             _launch_backward, (cdiv(seqlen_k, block_n) * batch * nheads_k, ), self.descriptors,
-            HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, FP32_GRADS=dk.dtype == torch.float32,
+            HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right,
+            FP32_GRADS=dk.dtype == torch.float32,
             BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=kernel_dim, Q_SMEM=_smem_layout([block_m, kernel_dim], q.dtype),
             KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype),
             DS_SMEM=_smem_layout([block_n, block_m] if cfg["SCORES_T"] else [block_m, block_n], q.dtype),

@@ -40,10 +40,10 @@ release per block, O stored from registers (benchmarks/NOTES.md).
 Scope: the common case, as flash_fwd's fast kernel, plus sliding windows: 16-bit inputs, no dropout / ALiBi /
 softcap / bias / varlen; GQA, a right window (causal) and a left window are in (HAS_LEFT: a tile's key loop starts
 at the block its first row sees, and the blocks before the first key its last row sees get the left mask; session
-37: hd128 causal with 1024 keys of window 311 -> 478 TFLOP/s, hd64 226 -> 340, where the Triton kernels ran it). Head dims 64 and 128, and those between
-(33..128) padded to them by the TMA boxes alone (kernel_head_dim). Gluon is triton's lower-level
-dialect and its API still moves between releases, so this kernel is used only on the release it was
-written and measured against (GLUON_TRITON); flash_fwd falls back to its Triton kernels everywhere
+37: hd128 causal with 1024 keys of window 311 -> 478 TFLOP/s, hd64 226 -> 340, where the Triton kernels ran it).
+Head dims 64 and 128, and those between (33..128) padded to them by the TMA boxes alone (kernel_head_dim).
+Gluon is triton's lower-level dialect and its API still moves between releases, so this kernel is used only on the
+release it was written and measured against (GLUON_TRITON); flash_fwd falls back to its Triton kernels everywhere
 else, the CPU interpreter included.
 """
 
@@ -220,7 +220,8 @@ if gluon is not None:
 
     @gluon.jit
     def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_left, window_right, qk_scale,
-                     WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr,
+                     WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                     PAIRED: gl.constexpr,
                      CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr, SPLIT_PV_WAIT: gl.constexpr):
         """One warpgroup, rows [m0 + WG * ROWS, +ROWS) of each tile (ROWS = BLOCK_M / CONSUMERS): the schedule in the module
