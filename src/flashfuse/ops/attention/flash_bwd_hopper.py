@@ -67,13 +67,12 @@ if gluon is not None:
                                                   src.handle)
 
     @gluon.jit
-    def _query_range(i_n, seqlen_q, seqlen_k, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                     BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    def _query_range(i_n, seqlen_q, off, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
         """Key block i_n -> (first query block that sees any of its keys, number of query blocks from there, 0 when
         none does). Query q sees key k iff q + off - window_left <= k <= q + off + window_right (windows: (window_left,
-        window_right); off = seqlen_k - seqlen_q when bottom-right)."""
+        window_right); off = seqlen_k - seqlen_q when bottom-right, else 0)."""
         window_left, window_right = windows
-        off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
         n_m = gl.cdiv(seqlen_q, BLOCK_M)
         m_first = 0
         if HAS_RIGHT:
@@ -101,8 +100,7 @@ if gluon is not None:
         off = 0
         if BOTTOM_RIGHT:
             off = seqlen_k - seqlen_q
-        m_first, n_steps = _query_range(i_n, seqlen_q, seqlen_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                                        BLOCK_M, BLOCK_N)
+        m_first, n_steps = _query_range(i_n, seqlen_q, off, windows, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
         return i_b, i_hk, i_n * BLOCK_N, off, m_first, n_steps
 
     @gluon.jit

@@ -111,17 +111,15 @@ if gluon is not None:
             # score, ran twice the instructions: ptxas hoisted the compares above the S wait and packed the
             # predicates into registers, session 31.)
             rel = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+            rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
             if HAS_RIGHT:
-                off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
-                rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
                 last = gl.minimum(rows + off + window_right, seqlen_k - 1) - j * BLOCK_N
                 visible = gl.expand_dims(rel, 0) <= gl.expand_dims(last, 1)
             else:
                 visible = gl.expand_dims(rel < seqlen_k - j * BLOCK_N, 0)
             if HAS_LEFT:          # key j * BLOCK_N + c is hidden from row r iff c < r + off - window_left - j * BLOCK_N
-                off_l = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
-                rows_l = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-                first = rows_l + off_l - window_left - j * BLOCK_N
+                first = rows + off - window_left - j * BLOCK_N
                 visible = visible & (gl.expand_dims(rel, 0) >= gl.expand_dims(first, 1))
             s = gl.where(visible, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
@@ -480,16 +478,19 @@ MIN_WAVE = 0.9
 
 
 def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, programs_per_row_block: int,
-                          num_sms: int):
+                          num_sms: int, left_window: bool = False):
     """This file's config for a call, or None where flash_fwd's kernels measured faster: head dims and masks
     without a HOPPER_CONFIGS entry, key loops shorter than the entry's, grids under MIN_WAVE waves of tiles. Causal
     calls whose row blocks do not pair up take HOPPER_ODD_CAUSAL_CONFIGS; persistent configs whose units fill under
-    MIN_WAVE waves run one tile per program."""
+    MIN_WAVE waves run one tile per program. A left window takes two consumer warpgroups (three spill 160 bytes with
+    its mask, ptxas offline, session 37)."""
     config = _table_entry(HOPPER_CONFIGS.get((kernel_head_dim(head_dim), causal), ()), seqlen_k)
     if config is not None and causal and cdiv(seqlen_q, config["BLOCK_M"]) % 2:
         config = _table_entry(HOPPER_ODD_CAUSAL_CONFIGS.get(kernel_head_dim(head_dim), ()), seqlen_k)
     if config is None:
         return None
+    if left_window and config["CONSUMERS"] == 3:
+        config = dict(config, **{key: _WARP_SPECIALIZED[key] for key in ("CONSUMERS", "BLOCK_M", "CONSUMER_REGS")})
     tiles = cdiv(seqlen_q, config["BLOCK_M"]) * programs_per_row_block
     if tiles < MIN_WAVE * num_sms:
         return None
