@@ -635,8 +635,9 @@ HOPPER_BWD_SHAPES = [
     (F16, (300, 100), MHA, {"window_size": (-1, 17)}),            # a right window only
     (BF16, (1, 77), MHA, {}),                                     # one query row
     (F16, (77, 1), GQA, {"causal": True}),                        # one key
+    (BF16, (700, 900), GQA, {"causal": True, "window_size": (150, 0)}),   # a sliding window
 ]
-HOPPER_BWD_CASES = [(d, *shape) for d in (64, 128, 40, 72, 80, 96) for shape in HOPPER_BWD_SHAPES]
+HOPPER_BWD_CASES = [(d, *shape) for d in (64, 128, 40, 72, 80, 96, 160, 256) for shape in HOPPER_BWD_SHAPES]
 
 
 @pytest.mark.parametrize("headdim, dtype, seqlens, heads, opts", HOPPER_BWD_CASES,
@@ -685,7 +686,7 @@ def test_hopper_backward_matches_deterministic_gpu(monkeypatch, headdim, causal)
         assert err < 1e-2, f"{name}: Gluon backward rel err {err:.2e} vs deterministic"
 
 
-@pytest.mark.parametrize("headdim", [64, 128, 80])
+@pytest.mark.parametrize("headdim", [64, 128, 80, 192])
 def test_hopper_backward_fp32_grads_gpu(headdim):
     """fp32_grads=True on the Gluon backward (ring attention's partial gradients): float32 dk, dv that round to
     exactly the default call's (their sums run in a fixed order inside a program), dq within atomics' reordering

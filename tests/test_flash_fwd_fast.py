@@ -158,9 +158,9 @@ def test_hopper_forward_plan():
     assert not config["PERSISTENT"] and config["Q_STAGES"] == 1
     assert hopper.hopper_forward_config(64, True, 1100, 1100, 8 * 32, 132) is None
     assert not hopper.hopper_forward_config(64, True, 4224, 4224, 4 * 32, 132)["PERSISTENT"]
-    # head dims between 32 and 128 take the 64 / 128 entries, padded by the TMA boxes (kernel_head_dim)
-    assert [hopper.kernel_head_dim(d) for d in (16, 32, 33, 40, 64, 65, 96, 128, 160, 256)] == [
-        None, None, 64, 64, 64, 128, 128, 128, None, None]
+    # head dims between 32 and 256 take the 64 / 128 / 256 entries, padded by the TMA boxes (kernel_head_dim)
+    assert [hopper.kernel_head_dim(d) for d in (16, 32, 33, 40, 64, 65, 96, 128, 129, 160, 256, 257)] == [
+        None, None, 64, 64, 64, 128, 128, 128, 256, 256, 256, None]
     full_128 = hopper.HOPPER_CONFIGS[(128, False)][0][1]
     assert hopper.hopper_forward_config(96, False, 4096, 4096, 16 * 16, 132) == full_128
     assert hopper.hopper_forward_config(40, True, 1024, 1024, 16 * 32, 132) == hopper.HOPPER_CONFIGS[(64, True)][1][1]
@@ -185,7 +185,7 @@ def test_hopper_forward_plan():
 
 def test_hopper_backward_plan(monkeypatch):
     """flash_bwd_hopper's Gluon backward (atomic dQ): only for deterministic=False, without the score extras or
-    varlen, 16-bit, at head dims 33..128 (computed at 64 / 128), where the device can run it (never in the interpreter). The kernel
+    varlen, 16-bit, at head dims 33..256 (computed at 64 / 128 / 256), where the device can run it (never in the interpreter). The kernel
     runs in the GPU tier (test_flash_attn_gpu.py)."""
     from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper as hopper
 
@@ -197,8 +197,9 @@ def test_hopper_backward_plan(monkeypatch):
     assert plan(deterministic=True) is None
     assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, is_varlen=True, extras=False) is None
     assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, is_varlen=False, extras=True) is None
-    for head_dim, config in ((40, hopper.HOPPER_BWD_CONFIGS[64]), (96, hopper.HOPPER_BWD_CONFIGS[128]), (160, None),
-                             (24, None)):            # 33..128 padded to the kernel's 64 / 128 (kernel_head_dim)
+    for head_dim, config in ((40, hopper.HOPPER_BWD_CONFIGS[64]), (96, hopper.HOPPER_BWD_CONFIGS[128]),
+                             (160, hopper.HOPPER_BWD_CONFIGS[256]), (256, hopper.HOPPER_BWD_CONFIGS[256]),
+                             (24, None)):       # 33..256 padded to the kernel's 64 / 128 / 256 (kernel_head_dim)
         qd = torch.empty(2, 256, 4, head_dim, dtype=torch.bfloat16)
         assert flash_bwd._hopper_plan(qd, qd, qd, qd, deterministic=False, is_varlen=False, extras=False) == config
     q32 = q.float()

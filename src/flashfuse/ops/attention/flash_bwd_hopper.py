@@ -223,9 +223,10 @@ if gluon is not None:
                            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                            FP32_GRADS: gl.constexpr,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                           NUM_STAGES: gl.constexpr):
+                           NUM_STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr):
         """Eight warps, scores in the row layout (FlashAttention-3's head-dim-64 scheme): with 128-row query steps
-        the transposed layout's per-query lse2 / delta columns take 64 registers and spill, rows take 8.
+        the transposed layout's per-query lse2 / delta columns take 64 registers and spill, rows take 8. Also the
+        wide head dims' consumer (64 x 64 steps, each warpgroup half of the head dim in dK, dV and dQ_j; DQ_ATOMIC).
 
             S  = Q K^T, dP = dO V^T     [BLOCK_M, BLOCK_N]   the two warpgroups take BLOCK_N / 2 keys each
             P -> p_smem, dS -> ds_smem                       (bf16) the A operands of dV and dK, read transposed
@@ -234,14 +235,18 @@ if gluon is not None:
 
         Three CTA barriers per step: P stored, dS stored, the step's end (as _bwd_consumer's)."""
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs
+        # dq_smem: DQ_ATOMIC, the fp32 dQ buffer's pointer (_add_dq), else its two shared-memory slots (_hand_off_dq)
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
         kv_ready, q_ready, do_ready, empty = bars
         nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                            instr_shape=[16, BLOCK_N // 2, 16])
-        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
-                                                            instr_shape=[16, HEAD_DIM, 16])
+        # dK, dV [BLOCK_N, D] and dQ_j [BLOCK_M, D]: 128 rows take a warp per 16 rows; 64 rows (the wide head dims)
+        # a warpgroup per half of the head dim.
+        WARPS_M: gl.constexpr = 8 if BLOCK_N == 128 else 4
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_M, 8 // WARPS_M],
+                                                            instr_shape=[16, HEAD_DIM // (8 // WARPS_M), 16])
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
         window_left, window_right = windows
         i_b, i_hk, n0, off, m_first, n_steps = _key_block(seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT,
@@ -292,9 +297,28 @@ if gluon is not None:
             dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q, dk, is_async=True)
             dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
             dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dq_tok))
-            _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, i_b, m0, i_h)
+            if DQ_ATOMIC:
+                gl.thread_barrier()         # every product of the step is done: the slot, p_smem and ds_smem are free
+                mbarrier.arrive(empty.index(slot), count=1)
+                _add_dq(dq, dq_smem, m0, i_b, i_h, nheads_q, seqlen_q, fp32_out, kv_layout, BLOCK_M, HEAD_DIM)
+            else:
+                _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, i_b, m0, i_h)
         _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, i_b, i_hk, n0, seqlen_k, kv_layout, FP32_GRADS,
                     BLOCK_N, HEAD_DIM)
+
+    @gluon.jit
+    def _add_dq(dq, p_dq, m0, i_b, i_h, nheads_q, seqlen_q, fp32_out, dq_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                HEAD_DIM: gl.constexpr):
+        """dQ_j [BLOCK_M, HEAD_DIM] (dq_layout) added into the fp32 buffer p_dq [batch, seqlen_q, nheads_q, head_dim]
+        (contiguous) by relaxed atomics from registers: at head dims padded to 256 two [BLOCK_M, 256] fp32 slots for the
+        TMA reduce-add do not fit beside two Q / dO stages (FlashAttention-3 adds dQ so there too)."""
+        head_dim = fp32_out[5]
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+        rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+        row_offs = ((i_b.to(gl.int64) * seqlen_q + rows) * nheads_q + i_h) * head_dim
+        in_bounds = gl.expand_dims(rows < seqlen_q, 1) & gl.expand_dims(cols < head_dim, 0)
+        gl.atomic_add(p_dq + gl.expand_dims(row_offs, 1) + gl.expand_dims(cols, 0), dq, mask=in_bounds,
+                      sem="relaxed")
 
     @gluon.jit
     def _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, i_b, m0, i_h):
@@ -340,13 +364,14 @@ if gluon is not None:
     @gluon.jit
     def _flash_bwd_hopper_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
-        p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim,
+        p_dk, p_dv, p_dq, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_left, window_right,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr,
         BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr,
-        HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_T: gl.constexpr, Q_SMEM: gl.constexpr,
-        KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr, num_warps: gl.constexpr,
+        HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_T: gl.constexpr, DQ_ATOMIC: gl.constexpr,
+        Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr,
+        num_warps: gl.constexpr,
     ):
         # Host-side TMA descriptors: q, do [batch, seqlen_q, nheads_q, head_dim] (boxes [1, BLOCK_M, 1, HEAD_DIM]),
         # k, v, dk, dv [batch, seqlen_k, nheads_k, head_dim] (boxes [1, BLOCK_N, 1, HEAD_DIM]), dq: the fp32
@@ -354,11 +379,13 @@ if gluon is not None:
         # loads, dropped on stores); lse2, delta [batch * nheads_q, seqlen_q rounded up to BLOCK_M] fp32 (boxes
         # [1, BLOCK_M]). FP32_GRADS: dk, dv are fp32 (p_dk, p_dv with their strides; the dk / dv descriptors
         # unused). SCORES_T: _bwd_consumer (scores transposed; DS_SMEM for [BLOCK_N, BLOCK_M]), else
-        # _bwd_consumer_rows (DS_SMEM for [BLOCK_M, BLOCK_N], also P's layout).
+        # _bwd_consumer_rows (DS_SMEM for [BLOCK_M, BLOCK_N], also P's layout). DQ_ATOMIC (rows only): dQ added into
+        # p_dq (the dq buffer, contiguous) by atomics instead of TMA reduce-adds through shared memory.
         # Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the default
         # partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
-        gl.static_assert(BLOCK_N == 128)
+        gl.static_assert(BLOCK_N == 128 or (BLOCK_N == 64 and not SCORES_T))
+        gl.static_assert(not (DQ_ATOMIC and SCORES_T))
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
         do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
@@ -368,7 +395,10 @@ if gluon is not None:
         vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], vec_smem)
         delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], vec_smem)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], DQ_SMEM)
+        if DQ_ATOMIC:
+            dq_smem = p_dq
+        else:
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], DQ_SMEM)
         kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -400,7 +430,7 @@ if gluon is not None:
             gl.warp_specialize([
                 (_bwd_consumer_rows, (descs, smem, p_smem, bars, shape, fp32_out, windows, qk_scale, sm_scale,
                                       HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                      NUM_STAGES)),
+                                      NUM_STAGES, DQ_ATOMIC)),
                 (_bwd_producer, (descs, smem, bars, shape, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
                                  BLOCK_N, HEAD_DIM, NUM_STAGES)),
             ], [1], [24])
@@ -411,8 +441,9 @@ if gluon is not None:
 # lse2 / delta rows: TMA boxes [1, BLOCK_M] fp32, unswizzled.
 _VEC_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2) if gluon is not None else None
 
-_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, SCORES_T=True, num_warps=8)
-_CONFIG_ROWS = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, SCORES_T=False, num_warps=8)
+_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, SCORES_T=True, DQ_ATOMIC=False, num_warps=8)
+_CONFIG_ROWS = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, SCORES_T=False, DQ_ATOMIC=False, num_warps=8)
+_CONFIG_WIDE = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, SCORES_T=False, DQ_ATOMIC=True, num_warps=8)
 
 # head dim -> config; other head dims stay on flash_bwd's grid. bf16, 16384 tokens, model dim 2048, do_bench on the
 # launchers, TFLOP/s at S = 1K / 2K / 8K. hd128 (H200, session 16): 429 / 479 / 527 (causal 319 / 402 / 503) vs the
@@ -422,7 +453,7 @@ _CONFIG_ROWS = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, SCORES_T=False, num_
 # Slower: at hd64 3 stages (+-1%), 128-row blocks in the transposed layout (spills), a rotated query walk, P and dS
 # behind one barrier (`c3`); a deferred dQ store (session 16). dQ issued before dK with its store beside dK's
 # product crashes ptxas 3.6 (SIGSEGV) under some integer specializations (session 22, call 2).
-HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 128: _CONFIG}
+HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 128: _CONFIG, 256: _CONFIG_WIDE}
 
 
 def hopper_backward_config(head_dim: int):
@@ -483,5 +514,5 @@ class _BackwardPlan:
             DQ_SMEM=_smem_layout([block_m, kernel_dim], torch.float32), **cfg)
 
     def __call__(self, dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale):
-        self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, dk, dv, *self.sizes, qk_scale, sm_scale,
+        self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, dk, dv, dq_acc, *self.sizes, qk_scale, sm_scale,
                     *self.windows)

@@ -510,6 +510,8 @@ def kernel_head_dim(head_dim: int) -> Optional[int]:
         return 64
     if 64 < head_dim <= 128:
         return 128
+    if 128 < head_dim <= 256:
+        return 256
     return None
 
 
