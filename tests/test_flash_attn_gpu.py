@@ -502,15 +502,16 @@ def _require_gluon():
                     f"(here sm_{''.join(map(str, torch.cuda.get_device_capability()))}, triton {triton.__version__})")
 
 
-def _hopper(persistent, bn=128, stages=2, consumers=2, q_stages=2, split_pv_wait=False):
+def _hopper(persistent, bn=128, stages=2, consumers=2, q_stages=2, split_pv_wait=False, o_from_regs=False):
     return dict(CONSUMERS=consumers, BLOCK_M=64 * consumers, BLOCK_N=bn, NUM_STAGES=stages, Q_STAGES=q_stages,
                 num_warps=4, CONSUMER_REGS=240 if consumers == 2 else 160, PERSISTENT=persistent,
-                SPLIT_PV_WAIT=split_pv_wait)
+                SPLIT_PV_WAIT=split_pv_wait, O_FROM_REGS=o_from_regs)
 
 
 def _hopper_id(headdim, config):
     return ("d{}-{BLOCK_M}x{BLOCK_N}-s{NUM_STAGES}-q{Q_STAGES}".format(headdim, **config)
-            + ("-persistent" * config["PERSISTENT"]) + ("-split" * config["SPLIT_PV_WAIT"]))
+            + ("-persistent" * config["PERSISTENT"]) + ("-split" * config["SPLIT_PV_WAIT"])
+            + ("-oregs" * config["O_FROM_REGS"]))
 
 
 # (head dim, config): HOPPER_CONFIGS's kinds (persistent or one tile per program) at both head dims, three consumer
@@ -525,7 +526,11 @@ HOPPER_GPU_CONFIGS = [(64, _hopper(True)), (64, _hopper(False)), (128, _hopper(T
                       (64, _hopper(False, bn=64, stages=3, q_stages=1)), (64, _hopper(True, stages=3)),
                       (128, _hopper(True, q_stages=1, split_pv_wait=True)),
                       # head dims between, padded to the kernel's by the TMA boxes (kernel_head_dim; session 36)
-                      (40, _hopper(True, bn=64, stages=3)), (72, _hopper(False)), (96, _hopper(True, q_stages=1))]
+                      (40, _hopper(True, bn=64, stages=3)), (72, _hopper(False)), (96, _hopper(True, q_stages=1)),
+                      # head dims padded to 256, O stored from registers (session 38)
+                      (256, _hopper(True, bn=64, q_stages=1, o_from_regs=True)),
+                      (160, _hopper(False, bn=64, q_stages=1, o_from_regs=True)),
+                      (200, _hopper(True, bn=64, q_stages=1, o_from_regs=True))]
 HOPPER_GPU_SHAPES = FAST_GPU_SHAPES + [(BF16, (1, 77), MHA, {}), (F16, (300, 100), GQA, {"causal": True}),
                                       (BF16, (1500, 777), GQA, {"window_size": (-1, 32)}),  # paired, rows with no key
                                       (BF16, (1024, 1024), MHA, {"causal": True})]          # aligned diagonal
@@ -602,14 +607,14 @@ def test_hopper_forward_table_gpu(monkeypatch, headdim, causal, seqlen, dtype):
     _check_benchmark_shape_forward(headdim, seqlen, causal, dtype)
 
 
-@pytest.mark.parametrize("headdim", [40, 56, 72, 80, 96, 112])
+@pytest.mark.parametrize("headdim", [40, 56, 72, 80, 96, 112, 160, 192, 224, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_padded_head_dims_take_gluon_gpu(monkeypatch, headdim, causal):
-    """Head dims between 32 and 128 at a shape the tables send to the Gluon kernels: flash_attn_func takes both of them
-    by itself (every Triton kernel removed), computing at 64 / 128 with the padding done by the TMA boxes, and out,
-    lse and every gradient pass flash-attn's criterion against the fp32 reference."""
+    """Head dims between 32 and 256 at a shape the tables send to the Gluon kernels: flash_attn_func takes both of them
+    by itself (every Triton kernel removed), computing at 64 / 128 / 256 with the padding done by the TMA boxes, and
+    out, lse and every gradient pass flash-attn's criterion against the fp32 reference."""
     _require_gluon()
-    assert flash_fwd_hopper.kernel_head_dim(headdim) == (64 if headdim <= 64 else 128)
+    assert flash_fwd_hopper.kernel_head_dim(headdim) == (64 if headdim <= 64 else 128 if headdim <= 128 else 256)
     for name in ("_flash_fwd_kernel", "_flash_fwd_fast_kernel"):
         monkeypatch.setattr(flash_fwd, name, None)
     monkeypatch.setattr(flash_bwd, "_flash_bwd_kernel", None)

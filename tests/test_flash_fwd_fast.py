@@ -164,7 +164,9 @@ def test_hopper_forward_plan():
     full_128 = hopper.HOPPER_CONFIGS[(128, False)][0][1]
     assert hopper.hopper_forward_config(96, False, 4096, 4096, 16 * 16, 132) == full_128
     assert hopper.hopper_forward_config(40, True, 1024, 1024, 16 * 32, 132) == hopper.HOPPER_CONFIGS[(64, True)][1][1]
-    assert hopper.hopper_forward_config(160, False, 4096, 4096, 16 * 16, 132) is None     # no entry
+    wide = hopper.hopper_forward_config(160, False, 4096, 4096, 16 * 16, 132)            # padded to 256
+    assert wide == hopper.HOPPER_CONFIGS[(256, False)][0][1] and wide["O_FROM_REGS"] and wide["BLOCK_N"] == 64
+    assert hopper.hopper_forward_config(288, False, 4096, 4096, 16 * 16, 132) is None     # no entry
     assert hopper.hopper_forward_config(32, False, 4096, 4096, 16 * 16, 132) is None
     assert hopper.hopper_forward_config(64, False, 1024, 256, 16 * 32, 132) is None       # short key loop
     assert hopper.hopper_forward_config(128, True, 256, 256, 64 * 16, 132) is None        # short key loop

@@ -317,8 +317,14 @@ if gluon is not None:
         rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
         row_offs = ((i_b.to(gl.int64) * seqlen_q + rows) * nheads_q + i_h) * head_dim
         in_bounds = gl.expand_dims(rows < seqlen_q, 1) & gl.expand_dims(cols < head_dim, 0)
-        gl.atomic_add(p_dq + gl.expand_dims(row_offs, 1) + gl.expand_dims(cols, 0), dq, mask=in_bounds,
-                      sem="relaxed")
+        ptrs = p_dq + gl.expand_dims(row_offs, 1) + gl.expand_dims(cols, 0)
+        # One 8-byte reduction per pair of columns: the wgmma layout gives each thread columns 2c and 2c + 1 side by side
+        # (pack=2 hands them to one asm block), head_dim is even (TMA's 16-byte head strides) and so is each pair's
+        # first column, so both are in bounds or neither. (tl.atomic_add issues one 4-byte reduction per value.)
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $6, 0; @p red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5}; "
+            "mov.b32 $0, 0; mov.b32 $1, 0; }",
+            "=r,=r,l,l,f,f,r,r", [ptrs.to(gl.int64), dq, in_bounds.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=2)
 
     @gluon.jit
     def _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, i_b, m0, i_h):

@@ -217,15 +217,17 @@ if gluon is not None:
             it += 1
 
     @gluon.jit
-    def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_left, window_right, qk_scale,
-                     WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                     PAIRED: gl.constexpr,
+    def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, window_left, window_right,
+                     qk_scale, WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                     BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr,
                      CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr, SPLIT_PV_WAIT: gl.constexpr):
+                     NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr, SPLIT_PV_WAIT: gl.constexpr,
+                     O_FROM_REGS: gl.constexpr):
         """One warpgroup, rows [m0 + WG * ROWS, +ROWS) of each tile (ROWS = BLOCK_M / CONSUMERS): the schedule in the module
         docstring (S_j issued beside P_{j-1} V_{j-1}), releasing K / V slots and its Q slots through mbarriers
         (one arrival per warpgroup). Q comes in Q_STAGES slots (with two, the next tile's Q loads while this one
-        runs). O leaves through its own shared-memory slot by TMA while the next tile starts."""
+        runs). O leaves through its own shared-memory slot by TMA while the next tile starts, or, O_FROM_REGS (head dims
+        padded to 256: no room for the slots), straight from registers (o_out: pointer, strides, head_dim)."""
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem, o_smem = smem
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
@@ -238,7 +240,6 @@ if gluon is not None:
                                                            instr_shape=[16, HEAD_DIM, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        o_buf = o_smem.index(WG)
         zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
         # Key blocks narrower than the tile: the tile's trailing blocks that none of this warpgroup's rows sees (the
         # lower warpgroup's half of a causal diagonal) are released unread. (At full-width blocks that happens only
@@ -315,11 +316,21 @@ if gluon is not None:
             gl.store(p_lse + i_b.to(gl.int64) * stride_lse_b + i_h.to(gl.int64) * stride_lse_h + rows, lse,
                      mask=rows < seqlen_q)
             out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
-            tma.store_wait(pendings=0)       # the previous tile's O has left o_buf
-            o_buf.store(out.to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(o_desc, [i_b, row0, i_h, 0], _tma_box(o_buf, o_desc))  # rows past seqlen_q dropped
+            if O_FROM_REGS:
+                p_out, stride_o_b, stride_o_s, stride_o_h, head_dim = o_out
+                o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+                o_row_ids = row0 + gl.arange(0, ROWS, layout=o_rows)
+                offs = (i_b.to(gl.int64) * stride_o_b + i_h.to(gl.int64) * stride_o_h
+                        + gl.expand_dims(o_row_ids.to(gl.int64) * stride_o_s, 1) + gl.expand_dims(o_cols, 0))
+                gl.store(p_out + offs, out.to(dtype),
+                         mask=gl.expand_dims(o_row_ids < seqlen_q, 1) & gl.expand_dims(o_cols < head_dim, 0))
+            else:
+                o_buf = o_smem.index(WG)
+                tma.store_wait(pendings=0)       # the previous tile's O has left o_buf
+                o_buf.store(out.to(dtype))
+                fence_async_shared()
+                gl.thread_barrier()
+                tma.async_copy_shared_to_global(o_desc, [i_b, row0, i_h, 0], _tma_box(o_buf, o_desc))  # rows past seqlen_q dropped
             if SKIP_UNSEEN:
                 for j in range(n_mine, n_blocks):
                     # Released once loaded: the slot's previous use has then been released by every warpgroup, so
@@ -335,12 +346,12 @@ if gluon is not None:
 
     @gluon.jit
     def _flash_fwd_hopper_kernel(
-        q_desc, k_desc, v_desc, o_desc, p_lse, stride_lse_b, stride_lse_h,
-        nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_left, window_right, n_units,
+        q_desc, k_desc, v_desc, o_desc, p_lse, stride_lse_b, stride_lse_h, p_out, stride_o_b, stride_o_s, stride_o_h,
+        head_dim, nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_left, window_right, n_units,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
         Q_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        SPLIT_PV_WAIT: gl.constexpr, num_warps: gl.constexpr,
+        SPLIT_PV_WAIT: gl.constexpr, O_FROM_REGS: gl.constexpr, num_warps: gl.constexpr,
     ):
         # Host-side TMA descriptors over q, o [batch, seqlen_q, nheads_q, head_dim] (boxes [1, 64, 1, HEAD_DIM]) and
         # k, v [batch, seqlen_k, nheads_k, head_dim] (boxes [1, BLOCK_N, 1, HEAD_DIM]), head_dim <= HEAD_DIM
@@ -355,7 +366,10 @@ if gluon is not None:
         dtype: gl.constexpr = q_desc.dtype
         ROWS: gl.constexpr = 64
         q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS * Q_STAGES, ROWS, HEAD_DIM], Q_SMEM)
-        o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_DIM], Q_SMEM)
+        if O_FROM_REGS:
+            o_smem = p_out                   # no O slots (_ws_consumer stores from registers)
+        else:
+            o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_DIM], Q_SMEM)
         k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
         v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
         q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS * Q_STAGES, 1], mbarrier.MBarrierLayout())
@@ -377,28 +391,29 @@ if gluon is not None:
         smem = (q_smem, k_smem, v_smem, o_smem)
         bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
         shape = (nheads_q, group, seqlen_q, seqlen_k, gl.cdiv(seqlen_q, BLOCK_M), n_units)
+        o_out = (p_out, stride_o_b, stride_o_s, stride_o_h, head_dim)
         if CONSUMERS == 2:
             gl.warp_specialize([
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_left, window_right, qk_scale, 0,
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, window_left, window_right, qk_scale, 0,
                                 HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, SPLIT_PV_WAIT)),
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_left, window_right, qk_scale, 1,
+                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS)),
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, window_left, window_right, qk_scale, 1,
                                 HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, SPLIT_PV_WAIT)),
+                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS)),
                 (_ws_producer, (descs, smem, bars, shape, window_left, window_right, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
             ], [4, 1], [CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_left, window_right, qk_scale, 0,
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, window_left, window_right, qk_scale, 0,
                                 HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, SPLIT_PV_WAIT)),
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_left, window_right, qk_scale, 1,
+                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS)),
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, window_left, window_right, qk_scale, 1,
                                 HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, SPLIT_PV_WAIT)),
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, smem, bars, shape, window_left, window_right, qk_scale, 2,
+                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS)),
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, window_left, window_right, qk_scale, 2,
                                 HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, SPLIT_PV_WAIT)),
+                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS)),
                 (_ws_producer, (descs, smem, bars, shape, window_left, window_right, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
@@ -406,7 +421,7 @@ if gluon is not None:
     _launch_forward = LaunchCache(_flash_fwd_hopper_kernel)
 
 _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_STAGES=2, num_warps=4, CONSUMER_REGS=240,
-                         SPLIT_PV_WAIT=False)
+                         SPLIT_PV_WAIT=False, O_FROM_REGS=False)
 
 # (head dim, right window / causal) -> ((shortest key loop, config), ...): where this kernel measured faster
 # than flash_fwd's (H200, bf16, 16384 tokens, model dim 2048, TFLOP/s at S = 512 / 1K / 2K / 4K / 8K / 16K;
@@ -449,6 +464,9 @@ _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_
 # per score (_softmax_block), all entries: hd64 causal 253 / 323 / 379 / 433 at S = 512 / 1K / 2K / 8K vs 252 / 302 / 367 /
 # 431 (cuDNN 245 / 319 / 369 / 420), hd128 causal 328 / 414 / 564 at 512 / 1K / 4K vs 322 / 409 / 562.
 _THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_REGS=160)
+# Head dims padded to 256 (session 38): Q 2 x 32 KB and K / V 2 x 2 x 32 KB fill 192 KB of shared memory, so one Q slot
+# per consumer, 64-key tiles and O stored from registers.
+_WIDE = dict(_WARP_SPECIALIZED, BLOCK_N=64, Q_STAGES=1, O_FROM_REGS=True)
 HOPPER_CONFIGS = {
     (64, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
     (64, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
@@ -458,12 +476,15 @@ HOPPER_CONFIGS = {
     (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
                   (1024, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1)),
                   (2048, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1, SPLIT_PV_WAIT=True))),
+    (256, False): ((512, dict(_WIDE, PERSISTENT=True)), ),
+    (256, True): ((512, dict(_WIDE, PERSISTENT=True)), ),
 }
 # Causal with an odd number of row blocks (no pairs): one tile per program, heaviest first, where it measured faster
 # than Triton's kernel (sessions 15-17: hd128 from 512 keys, hd64 from 4096).
 HOPPER_ODD_CAUSAL_CONFIGS = {
     64: ((4096, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
     128: ((512, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
+    256: ((512, dict(_WIDE, PERSISTENT=False)), ),
 }
 
 
@@ -588,6 +609,7 @@ class _ForwardPlan:
                                                                 (seqlen_k, nheads_k, v_strides, block_n),
                                                                 (seqlen_q, nheads_q, o_strides, rows))]
         self.lse_strides = tuple(lse_strides)
+        self.o_args = (*o_strides[:3], head_dim)          # O_FROM_REGS: out's strides and true head dim
         self.sizes = (nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k)
         self.window = (window_left, window_right, n_units)
         self.launch = Launch(_launch_forward, grid, self.descriptors, HAS_LEFT=window_left >= 0,
@@ -598,4 +620,4 @@ class _ForwardPlan:
                              KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype), **cfg)
 
     def __call__(self, q, k, v, out, lse, qk_scale):
-        self.launch(q, k, v, out, lse, *self.lse_strides, *self.sizes, qk_scale, *self.window)
+        self.launch(q, k, v, out, lse, *self.lse_strides, out, *self.o_args, *self.sizes, qk_scale, *self.window)
