@@ -288,8 +288,15 @@ def test_report_says_cpu_timings_mean_nothing(fake_rows):
 def test_attention_gpu_cases_follow_flash_attn_benchmark_shapes():
     suite = get_suite("attention")
     cases = suite.cases(Options(device="cuda"))
-    fa = [c for c in cases if c.group.startswith("hd")]
+    fa = [c for c in cases if c.group.startswith(("hd64 ", "hd128 "))]
     assert len(fa) == 2 * 2 * 2 * 6           # head dims x causal x (fwd, bwd) x seqlens
+    wide = [c for c in cases if c.group.startswith("hd") and c not in fa]
+    assert len(wide) == 3 * 2 * 2 * 3         # wide head dims (160, 192, 256) x causal x (fwd, bwd) x seqlens
+    for c in wide:
+        p = c.params
+        assert p["B"] * p["S"] == 16384 and p["H"] == round(2048 / p["D"]) and p["S"] in (1024, 2048, 4096)
+        assert c.flops == attention_flops(p["B"], p["H"], p["S"], p["S"], p["D"], p["causal"], c.mode)
+        assert {"flashfuse", "sdpa-cudnn", "sdpa-flash"} <= set(c.providers)
     for c in fa:
         p = c.params
         assert p["B"] * p["S"] == 16384 and p["H"] * p["D"] == 2048 and c.dtype == torch.bfloat16

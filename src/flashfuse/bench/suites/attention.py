@@ -3,7 +3,8 @@
 Three groups of cases (canonical layout: torch SDPA's (batch, nheads, seqlen, headdim)):
 
 (a) flash-attn's benchmark shapes: model dim 2048 (headdim 64 x 32 heads, 128 x 16), batch x seqlen =
-    16384 tokens, seqlen 512..16384, causal and not, fwd and bwd, bf16 by default. Providers: flashfuse
+    16384 tokens, seqlen 512..16384, causal and not, fwd and bwd, bf16 by default; on the GPU also wide heads
+    (160, 192, 256; seqlen 1024..4096) beside cuDNN, FA2 and Flex. Providers: flashfuse
     (flash_attn_func, layout (B, S, H, D)), torch SDPA under the cuDNN / flash / efficient backends,
     FlexAttention compiled, and, where they fit in memory and seconds, the naive PyTorch version and
     SDPA's math backend. FLOPs: forward 4*B*H*S*S*D (x0.5 causal), backward 2.5 x forward.
@@ -29,6 +30,11 @@ FA_MODEL_DIM, FA_TOKENS = 2048, 16384
 FA_HEADDIMS = (64, 128)
 FA_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 FA_QUICK_SEQLENS = (1024, 4096)
+# Wide heads (SD-1.5's deepest attention 160, Gemma's 256, 192 between) on the same token count, heads =
+# round(2048 / headdim); GPU only, beside the peers that take them.
+FA_WIDE_HEADDIMS = (160, 192, 256)
+FA_WIDE_SEQLENS = (1024, 2048, 4096)
+FA_WIDE_QUICK_SEQLENS = (2048,)
 # (b) one (batch, head) grid small enough that the per-query kernels finish in seconds.
 PROG_BATCH, PROG_HEADS, PROG_HEADDIM = 1, 16, 64
 PROG_SEQLENS = (256, 512, 1024, 2048, 4096, 8192)
@@ -54,6 +60,7 @@ CPU_PROG = dict(batch=1, heads=1, headdim=16, seqlens=(16, 32, 64), quick_seqlen
 
 FA_PROVIDERS = ("flashfuse", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex", "flex-static", "naive",
                 "sdpa-math")
+FA_WIDE_PROVIDERS = ("flashfuse", "sdpa-cudnn", "sdpa-flash", "flex")
 PROG_PROVIDERS = ("naive", "basic", "vectorized", "blocked", "flash")
 LONG_PROVIDERS = ("naive", "flashfuse", "sdpa-cudnn", "sdpa-flash")
 
@@ -264,6 +271,13 @@ class Attention(Suite):
                         for S in seqlens:
                             B = FA_TOKENS // S if opts.gpu else 1
                             cases.append(_case("fa", B, H, S, D, causal, dtype, mode, FA_PROVIDERS))
+            if opts.gpu:
+                for D in FA_WIDE_HEADDIMS:
+                    for causal in (False, True):
+                        for mode in ("fwd", "bwd"):
+                            for S in FA_WIDE_QUICK_SEQLENS if opts.quick else FA_WIDE_SEQLENS:
+                                cases.append(_case("fa", FA_TOKENS // S, round(FA_MODEL_DIM / D), S, D, causal,
+                                                   dtype, mode, FA_WIDE_PROVIDERS))
         return cases
 
     def _progression_cases(self, opts):
