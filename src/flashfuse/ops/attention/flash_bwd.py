@@ -19,9 +19,9 @@ Both recompute S = Q K^T and dP~ = dO V^T (7 matrix products where an atomic dQ 
 is the price of determinism and of no fp32 dQ buffer.
 
 On Hopper, ``deterministic=False`` (flash-attn's default) takes flash_bwd_hopper's Gluon kernel instead where
-it applies (``_hopper_plan``: 16-bit, head dims 33..128 (computed at 64 / 128), no dropout / ALiBi / softcap /
-bias / varlen; windows on either side are in): FlashAttention-3's layout, 5 products, dQ by TMA reduce-adds
-into an fp32 buffer.
+it applies (``_hopper_plan``: 16-bit, head dims 33..256 (computed at 64 / 128 / 256), no dropout / ALiBi /
+softcap / bias / varlen; windows on either side are in): FlashAttention-3's layout, 5 products, dQ by TMA
+reduce-adds (at 256: atomics) into an fp32 buffer.
 
 The atomic path (``deterministic=False`` with ``ATOMIC_DQ`` on, FA2/FA3's layout) launches the same kernel
 with only dK/dV programs: each also forms dQ_part = dS K for its [BLOCK_M queries, BLOCK_N keys] tile and

@@ -27,11 +27,15 @@ barriers; FlashAttention-3 takes 128-row blocks there. In the transposed layout 
 queries' lse2 and delta), so _bwd_consumer_rows keeps scores in the row layout (S = Q K^T, each thread 4 rows) and
 passes P and dS to the dV and dK products through shared memory, read transposed (three CTA barriers per block).
 
-Measured (benchmarks/NOTES.md, sessions 16 and 22): hd128 0.93-1.03x cuDNN from 1024 keys (H200); hd64 with
-128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x).
+Head dims padded to 256 take _bwd_consumer_rows with 64 x 64 steps, each warpgroup half of the head dim in dK, dV
+and dQ_j, and dQ added by atomics from registers (DQ_ATOMIC: the TMA reduce-add's fp32 slots do not fit there).
+
+Measured (benchmarks/NOTES.md, sessions 16, 22 and 38): hd128 0.93-1.03x cuDNN from 1024 keys (H200); hd64 with
+128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x);
+hd256 0.71-0.82x cuDNN, 1.07-1.28x FA2 (H100), bound by dQ's reductions into L2 (640 TFLOP/s without them).
 
 dQ's summation order over key blocks varies run to run (atomics), so deterministic=True keeps flash_bwd's
-grid. Scope as flash_fwd_hopper: 16-bit inputs, head dims 33..128 (kernel_head_dim), no dropout / ALiBi /
+grid. Scope as flash_fwd_hopper: 16-bit inputs, head dims 33..256 (kernel_head_dim), no dropout / ALiBi /
 softcap / bias / varlen; GQA and both window sides (causal, sliding) are in. Used only on the triton release
 it was written and measured against (flash_fwd_hopper.GLUON_TRITON); flash_bwd's Triton grid everywhere else.
 """
@@ -458,7 +462,11 @@ _CONFIG_WIDE = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, SCORES_T=False, DQ_ATO
 # transposed 64-row blocks' 325 / 356 / 425 (235 / 305 / 364) and cuDNN's 345 / 397 / 450 (230 / 312 / 403).
 # Slower: at hd64 3 stages (+-1%), 128-row blocks in the transposed layout (spills), a rotated query walk, P and dS
 # behind one barrier (`c3`); a deferred dQ store (session 16). dQ issued before dK with its store beside dK's
-# product crashes ptxas 3.6 (SIGSEGV) under some integer specializations (session 22, call 2).
+# product crashes ptxas 3.6 (SIGSEGV) under some integer specializations (session 22, call 2). Head dims padded to
+# 256 (H100, session 38, `results/h100-2026-11-24-s38/`, CUDA-graph timed, S = 1K / 2K / 4K): 229 / 250 / 261 (causal
+# 187 / 222 / 246) vs the Triton grid's 171 / 180 / 187 and cuDNN's 281 / 335 / 354; dQ by scalar atomics measured
+# the same as by 8-byte ones, dQ added during the next step's S and dP (ptxas spills 68-228 bytes) 0.75-0.83x, no dQ
+# at all 640 at 4K.
 HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 128: _CONFIG, 256: _CONFIG_WIDE}
 
 

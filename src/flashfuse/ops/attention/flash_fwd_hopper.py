@@ -41,7 +41,8 @@ Scope: the common case, as flash_fwd's fast kernel, plus sliding windows: 16-bit
 softcap / bias / varlen; GQA, a right window (causal) and a left window are in (HAS_LEFT: a tile's key loop starts
 at the block its first row sees, and the blocks before the first key its last row sees get the left mask; session
 37: hd128 causal with 1024 keys of window 311 -> 478 TFLOP/s, hd64 226 -> 340, where the Triton kernels ran it).
-Head dims 64 and 128, and those between (33..128) padded to them by the TMA boxes alone (kernel_head_dim).
+Head dims 64, 128 and 256, and those between (33..256) padded to them by the TMA boxes alone (kernel_head_dim); at 256
+O leaves from registers (O_FROM_REGS: its shared-memory slots do not fit beside Q and K / V).
 Gluon is triton's lower-level dialect and its API still moves between releases, so this kernel is used only on the
 release it was written and measured against (GLUON_TRITON); flash_fwd falls back to its Triton kernels everywhere
 else, the CPU interpreter included.
@@ -466,6 +467,9 @@ _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_
 _THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_REGS=160)
 # Head dims padded to 256 (session 38): Q 2 x 32 KB and K / V 2 x 2 x 32 KB fill 192 KB of shared memory, so one Q slot
 # per consumer, 64-key tiles and O stored from registers.
+# H100, S = 1K / 2K / 4K, CUDA-graph timed (`results/h100-2026-11-24-s38/c2`): hd256 513 / 571 / 603 (causal 392 /
+# 488 / 550) vs Triton's 362 / 377 / 392 and cuDNN's 574 / 615 / 623; hd160 368 / 407 / 418 vs 301 / 342 / 365 (cuDNN
+# 470-511).
 _WIDE = dict(_WARP_SPECIALIZED, BLOCK_N=64, Q_STAGES=1, O_FROM_REGS=True)
 HOPPER_CONFIGS = {
     (64, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
@@ -523,10 +527,11 @@ def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: 
 
 def kernel_head_dim(head_dim: int) -> Optional[int]:
     """The head dim that this file's kernel and flash_bwd_hopper's compute with for inputs of head_dim: 64 for 33..64,
-    128 for 65..128, else None (the tables have those two). The descriptors keep the tensors' own head dim with boxes
-    of the kernel's, so TMA zero-fills the padding columns on loads and drops them on stores: no copies, and zero
-    columns add nothing to Q K^T, P V or any gradient. SD's head dims 40 and 80 and DiT's 72 run so (Triton's kernels
-    there, H100, S = 2048: forward 0.76-0.90x cuDNN, backward 0.39-0.82x, below FA2 at 40 and 72; session 36)."""
+    128 for 65..128, 256 for 129..256, else None (the tables have those three). The descriptors keep the tensors' own
+    head dim with boxes of the kernel's, so TMA zero-fills the padding columns on loads and drops them on stores: no
+    copies, and zero columns add nothing to Q K^T, P V or any gradient. SD's head dims 40, 80 and 160 and DiT's 72 run
+    so (Triton's kernels there, H100, S = 2048: forward 0.67-0.90x cuDNN, backward 0.39-0.82x at 40..96 and 0.46x at
+    160; sessions 36 and 38)."""
     if 32 < head_dim <= 64:
         return 64
     if 64 < head_dim <= 128:
