@@ -186,9 +186,10 @@ def test_hopper_forward_plan():
 
 
 def test_hopper_backward_plan(monkeypatch):
-    """flash_bwd_hopper's Gluon backward (atomic dQ): only for deterministic=False, without the score extras or
-    varlen, 16-bit, at head dims 33..256 (computed at 64 / 128 / 256), where the device can run it (never in the interpreter). The kernel
-    runs in the GPU tier (test_flash_attn_gpu.py)."""
+    """flash_bwd_hopper's Gluon backward: without the score extras or varlen, 16-bit, at head dims 33..256 (computed
+    at 64 / 128 / 256), where the device can run it (never in the interpreter); deterministic=True only at 256, whose
+    dQ pass adds nothing across programs (elsewhere dQ is added by TMA reduce-adds). The kernels run in the GPU tier
+    (test_flash_attn_gpu.py)."""
     from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper as hopper
 
     q = torch.empty(2, 256, 4, 128, dtype=torch.bfloat16)
@@ -204,6 +205,9 @@ def test_hopper_backward_plan(monkeypatch):
                              (24, None)):       # 33..256 padded to the kernel's 64 / 128 / 256 (kernel_head_dim)
         qd = torch.empty(2, 256, 4, head_dim, dtype=torch.bfloat16)
         assert flash_bwd._hopper_plan(qd, qd, qd, qd, deterministic=False, is_varlen=False, extras=False) == config
+        deterministic = flash_bwd._hopper_plan(qd, qd, qd, qd, deterministic=True, is_varlen=False, extras=False)
+        assert deterministic == (config if head_dim > 128 else None)
+    assert hopper.HOPPER_BWD_CONFIGS[256]["DQ_PASS"] and not hopper.HOPPER_BWD_CONFIGS[128]["DQ_PASS"]
     q32 = q.float()
     assert flash_bwd._hopper_plan(q32, q32, q32, q32, deterministic=False, is_varlen=False, extras=False) is None
     assert flash_bwd._hopper_plan(q.float(), q, q, q, deterministic=False, is_varlen=False, extras=False) is None

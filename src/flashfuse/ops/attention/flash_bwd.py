@@ -21,7 +21,8 @@ is the price of determinism and of no fp32 dQ buffer.
 On Hopper, ``deterministic=False`` (flash-attn's default) takes flash_bwd_hopper's Gluon kernel instead where
 it applies (``_hopper_plan``: 16-bit, head dims 33..256 (computed at 64 / 128 / 256), no dropout / ALiBi /
 softcap / bias / varlen; windows on either side are in): FlashAttention-3's layout, 5 products, dQ by TMA
-reduce-adds (at 256: atomics) into an fp32 buffer.
+reduce-adds into an fp32 buffer; at 256 dK / dV there and dQ in a pass of its own (flash_bwd_dq_hopper: 7 products,
+nothing added across programs, so deterministic=True takes it too).
 
 The atomic path (``deterministic=False`` with ``ATOMIC_DQ`` on, FA2/FA3's layout) launches the same kernel
 with only dK/dV programs: each also forms dQ_part = dS K for its [BLOCK_M queries, BLOCK_N keys] tile and
@@ -40,7 +41,7 @@ from ..._env import INTERPRET
 from .._triton import (Launch, LaunchCache, PlanCache, cdiv, dot, ensure_tma_allocator, launch_device,
                        next_power_of_2)
 from ._flash_common import LOG2E, kernel_options, key_block_phases, query_block_phases, score_mod, seq_bounds
-from . import flash_bwd_hopper
+from . import flash_bwd_dq_hopper, flash_bwd_hopper
 from .dropout import dropout_keep
 from .flash_fwd import head_dim_block, tma_compatible
 
@@ -524,16 +525,18 @@ GLUON_BACKWARD = True
 
 
 def _hopper_plan(dout, q, k, v, *, deterministic, is_varlen, extras):
-    """flash_bwd_hopper's config for this call, or None: deterministic=True (it adds dQ with atomics), the
-    score extras and varlen (not in that kernel), 32-bit inputs, strides TMA cannot take, other GPUs."""
-    if not GLUON_BACKWARD or deterministic or is_varlen or extras or q.dtype not in (torch.float16, torch.bfloat16):
+    """flash_bwd_hopper's config for this call, or None: deterministic=True where it adds dQ with TMA reduce-adds
+    (every head dim but those padded to 256, whose dQ pass sums in a fixed order), the score extras and varlen (not
+    in that kernel), 32-bit inputs, strides TMA cannot take, other GPUs."""
+    if not GLUON_BACKWARD or is_varlen or extras or q.dtype not in (torch.float16, torch.bfloat16):
         return None
     if not q.dtype == k.dtype == v.dtype == dout.dtype:     # one dtype per descriptor set
         return None
     if not (flash_bwd_hopper.available(q.device) and tma_compatible(q, k, v, dout)
             and flash_bwd_hopper.descriptor_compatible(q, k, v, dout)):
         return None
-    return flash_bwd_hopper.hopper_backward_config(q.shape[-1])
+    config = flash_bwd_hopper.hopper_backward_config(q.shape[-1])
+    return None if config is None or (deterministic and not config["DQ_PASS"]) else config
 
 
 # 2048 fp32 per program, 4 warps: 16 elements (four 16-byte vectors) per thread, enough in flight to
@@ -550,8 +553,9 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     """Launch the preprocess and the fused backward kernel; same arguments as flash_attn_forward plus
     dout, out and lse.
 
-    deterministic=True always takes the no-atomics grid (bit-identical gradients run to run);
-    deterministic=False takes flash_bwd_hopper's kernel where _hopper_plan allows it, else the atomic-dQ
+    deterministic=True takes the no-atomics grid (bit-identical gradients run to run), or, at head dims padded to
+    256, flash_bwd_hopper's two passes (bit-identical too); deterministic=False takes flash_bwd_hopper's kernel
+    where _hopper_plan allows it, else the atomic-dQ
     grid when ``atomic_dq`` (default: the module's ATOMIC_DQ) is on, else the no-atomics grid. ``config``
     overrides the tile table of the Triton grid taken (backward_config / atomic_backward_config keys; for
     tuning; the Gluon kernel is then not used). fp32_grads: (dq, dk, dv) in float32 instead of the inputs'
@@ -661,12 +665,17 @@ _PREPROCESS_PLANS = PlanCache()
 
 def _hopper_backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, window_right, bottom_right, fp32_grads,
                      config):
-    """flash_bwd_hopper's kernel: it adds dQ (scaled) into the fp32 buffer, cast to dq's dtype after."""
+    """flash_bwd_hopper's kernel: it adds dQ (scaled) into the fp32 buffer, cast to dq's dtype after; or, DQ_PASS (head
+    dims padded to 256), it computes dK and dV and flash_bwd_dq_hopper's pass writes dQ."""
     delta, lse2, dq_acc = hopper_backward_inputs(out, dout, lse, config["BLOCK_M"])
     grad_dtype = torch.float32 if fp32_grads else k.dtype
     dk, dv = (torch.empty(t.shape, dtype=grad_dtype, device=t.device) for t in (k, v))
-    flash_bwd_hopper.hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv,
-                                     qk_scale=softmax_scale * flash_bwd_hopper.LOG2E, sm_scale=softmax_scale,
-                                     window_right=window_right, bottom_right=bottom_right, config=config,
-                                     window_left=window_left)
+    scales = dict(qk_scale=softmax_scale * flash_bwd_hopper.LOG2E, sm_scale=softmax_scale, window_right=window_right,
+                  bottom_right=bottom_right, window_left=window_left)
+    flash_bwd_hopper.hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, config=config, **scales)
+    if config["DQ_PASS"]:
+        assert config["BLOCK_M"] == flash_bwd_dq_hopper.DQ_CONFIG["BLOCK_M"]       # lse2 / delta rows
+        dq = torch.empty(q.shape, dtype=torch.float32 if fp32_grads else q.dtype, device=q.device)
+        flash_bwd_dq_hopper.hopper_backward_dq(dout, q, k, v, lse2, delta, dq, **scales)
+        return dq, dk, dv
     return (dq_acc if fp32_grads else dq_acc.to(q.dtype)), dk, dv

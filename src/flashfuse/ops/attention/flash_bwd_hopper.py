@@ -27,15 +27,17 @@ barriers; FlashAttention-3 takes 128-row blocks there. In the transposed layout 
 queries' lse2 and delta), so _bwd_consumer_rows keeps scores in the row layout (S = Q K^T, each thread 4 rows) and
 passes P and dS to the dV and dK products through shared memory, read transposed (three CTA barriers per block).
 
-Head dims padded to 256 take _bwd_consumer_rows with 64 x 64 steps, each warpgroup half of the head dim in dK, dV
-and dQ_j, and dQ added by atomics from registers (DQ_ATOMIC: the TMA reduce-add's fp32 slots do not fit there).
+Head dims padded to 256 take _bwd_consumer_rows with 64 x 64 steps, each warpgroup half of the head dim in dK and
+dV, and leave dQ to a pass of its own (DQ_PASS, flash_bwd_dq_hopper): adding a [64, 256] fp32 dQ tile into L2 per
+step, by atomics (the TMA reduce-add's fp32 slots do not fit beside two Q / dO stages), bound the one-pass kernel at
+~1.6 TB/s of reductions (benchmarks/NOTES.md, session 38).
 
 Measured (benchmarks/NOTES.md, sessions 16, 22 and 38): hd128 0.93-1.03x cuDNN from 1024 keys (H200); hd64 with
 128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x);
-hd256 0.71-0.82x cuDNN, 1.07-1.28x FA2 (H100), bound by dQ's reductions into L2 (640 TFLOP/s without them).
+hd256 with the dQ pass 0.94-1.06x cuDNN (H100; one pass with atomic dQ: 0.71-0.82x).
 
 dQ's summation order over key blocks varies run to run (atomics), so deterministic=True keeps flash_bwd's
-grid. Scope as flash_fwd_hopper: 16-bit inputs, head dims 33..256 (kernel_head_dim), no dropout / ALiBi /
+grid, but at head dims padded to 256, where nothing is added across programs (DQ_PASS). Scope as flash_fwd_hopper: 16-bit inputs, head dims 33..256 (kernel_head_dim), no dropout / ALiBi /
 softcap / bias / varlen; GQA and both window sides (causal, sliding) are in. Used only on the triton release
 it was written and measured against (flash_fwd_hopper.GLUON_TRITON); flash_bwd's Triton grid everywhere else.
 """
@@ -227,10 +229,11 @@ if gluon is not None:
                            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                            FP32_GRADS: gl.constexpr,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                           NUM_STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr):
+                           NUM_STAGES: gl.constexpr, DQ_PASS: gl.constexpr):
         """Eight warps, scores in the row layout (FlashAttention-3's head-dim-64 scheme): with 128-row query steps
         the transposed layout's per-query lse2 / delta columns take 64 registers and spill, rows take 8. Also the
-        wide head dims' consumer (64 x 64 steps, each warpgroup half of the head dim in dK, dV and dQ_j; DQ_ATOMIC).
+        wide head dims' consumer (64 x 64 steps, each warpgroup half of the head dim in dK and dV), which computes dK
+        and dV alone (DQ_PASS: flash_bwd_dq_hopper computes dQ).
 
             S  = Q K^T, dP = dO V^T     [BLOCK_M, BLOCK_N]   the two warpgroups take BLOCK_N / 2 keys each
             P -> p_smem, dS -> ds_smem                       (bf16) the A operands of dV and dK, read transposed
@@ -239,7 +242,6 @@ if gluon is not None:
 
         Three CTA barriers per step: P stored, dS stored, the step's end (as _bwd_consumer's)."""
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs
-        # dq_smem: DQ_ATOMIC, the fp32 dQ buffer's pointer (_add_dq), else its two shared-memory slots (_hand_off_dq)
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
         kv_ready, q_ready, do_ready, empty = bars
         nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
@@ -299,36 +301,16 @@ if gluon is not None:
             fence_async_shared()
             gl.thread_barrier()             # dS from both warpgroups is in ds_smem
             dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q, dk, is_async=True)
-            dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
-            dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dq_tok))
-            if DQ_ATOMIC:
+            if DQ_PASS:
+                dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok))
                 gl.thread_barrier()         # every product of the step is done: the slot, p_smem and ds_smem are free
                 mbarrier.arrive(empty.index(slot), count=1)
-                _add_dq(dq, dq_smem, m0, i_b, i_h, nheads_q, seqlen_q, fp32_out, kv_layout, BLOCK_M, HEAD_DIM)
             else:
+                dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
+                dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dq_tok))
                 _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, i_b, m0, i_h)
         _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, i_b, i_hk, n0, seqlen_k, kv_layout, FP32_GRADS,
                     BLOCK_N, HEAD_DIM)
-
-    @gluon.jit
-    def _add_dq(dq, p_dq, m0, i_b, i_h, nheads_q, seqlen_q, fp32_out, dq_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                HEAD_DIM: gl.constexpr):
-        """dQ_j [BLOCK_M, HEAD_DIM] (dq_layout) added into the fp32 buffer p_dq [batch, seqlen_q, nheads_q, head_dim]
-        (contiguous) by relaxed atomics from registers: at head dims padded to 256 two [BLOCK_M, 256] fp32 slots for the
-        TMA reduce-add do not fit beside two Q / dO stages (FlashAttention-3 adds dQ so there too)."""
-        head_dim = fp32_out[5]
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
-        rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-        row_offs = ((i_b.to(gl.int64) * seqlen_q + rows) * nheads_q + i_h) * head_dim
-        in_bounds = gl.expand_dims(rows < seqlen_q, 1) & gl.expand_dims(cols < head_dim, 0)
-        ptrs = p_dq + gl.expand_dims(row_offs, 1) + gl.expand_dims(cols, 0)
-        # One 8-byte reduction per pair of columns: the wgmma layout gives each thread columns 2c and 2c + 1 side by side
-        # (pack=2 hands them to one asm block), head_dim is even (TMA's 16-byte head strides) and so is each pair's
-        # first column, so both are in bounds or neither. (tl.atomic_add issues one 4-byte reduction per value.)
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $6, 0; @p red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5}; "
-            "mov.b32 $0, 0; mov.b32 $1, 0; }",
-            "=r,=r,l,l,f,f,r,r", [ptrs.to(gl.int64), dq, in_bounds.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=2)
 
     @gluon.jit
     def _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, i_b, m0, i_h):
@@ -374,12 +356,12 @@ if gluon is not None:
     @gluon.jit
     def _flash_bwd_hopper_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
-        p_dk, p_dv, p_dq, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim,
+        p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_left, window_right,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr,
         BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr,
-        HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_T: gl.constexpr, DQ_ATOMIC: gl.constexpr,
+        HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_T: gl.constexpr, DQ_PASS: gl.constexpr,
         Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr,
         num_warps: gl.constexpr,
     ):
@@ -389,13 +371,13 @@ if gluon is not None:
         # loads, dropped on stores); lse2, delta [batch * nheads_q, seqlen_q rounded up to BLOCK_M] fp32 (boxes
         # [1, BLOCK_M]). FP32_GRADS: dk, dv are fp32 (p_dk, p_dv with their strides; the dk / dv descriptors
         # unused). SCORES_T: _bwd_consumer (scores transposed; DS_SMEM for [BLOCK_N, BLOCK_M]), else
-        # _bwd_consumer_rows (DS_SMEM for [BLOCK_M, BLOCK_N], also P's layout). DQ_ATOMIC (rows only): dQ added into
-        # p_dq (the dq buffer, contiguous) by atomics instead of TMA reduce-adds through shared memory.
+        # _bwd_consumer_rows (DS_SMEM for [BLOCK_M, BLOCK_N], also P's layout). DQ_PASS (rows only): dK and dV alone,
+        # no dQ product (flash_bwd_dq_hopper's pass writes dQ; the dq descriptor unused).
         # Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the default
         # partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
         gl.static_assert(BLOCK_N == 128 or (BLOCK_N == 64 and not SCORES_T))
-        gl.static_assert(not (DQ_ATOMIC and SCORES_T))
+        gl.static_assert(not (DQ_PASS and SCORES_T))
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
         do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
@@ -405,8 +387,8 @@ if gluon is not None:
         vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], vec_smem)
         delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], vec_smem)
-        if DQ_ATOMIC:
-            dq_smem = p_dq
+        if DQ_PASS:
+            dq_smem = delta_smem             # never used: no dQ slots
         else:
             dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], DQ_SMEM)
         kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -440,7 +422,7 @@ if gluon is not None:
             gl.warp_specialize([
                 (_bwd_consumer_rows, (descs, smem, p_smem, bars, shape, fp32_out, windows, qk_scale, sm_scale,
                                       HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                      NUM_STAGES, DQ_ATOMIC)),
+                                      NUM_STAGES, DQ_PASS)),
                 (_bwd_producer, (descs, smem, bars, shape, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
                                  BLOCK_N, HEAD_DIM, NUM_STAGES)),
             ], [1], [24])
@@ -451,9 +433,9 @@ if gluon is not None:
 # lse2 / delta rows: TMA boxes [1, BLOCK_M] fp32, unswizzled.
 _VEC_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2) if gluon is not None else None
 
-_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, SCORES_T=True, DQ_ATOMIC=False, num_warps=8)
-_CONFIG_ROWS = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, SCORES_T=False, DQ_ATOMIC=False, num_warps=8)
-_CONFIG_WIDE = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, SCORES_T=False, DQ_ATOMIC=True, num_warps=8)
+_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, SCORES_T=True, DQ_PASS=False, num_warps=8)
+_CONFIG_ROWS = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, SCORES_T=False, DQ_PASS=False, num_warps=8)
+_CONFIG_WIDE = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, SCORES_T=False, DQ_PASS=True, num_warps=8)
 
 # head dim -> config; other head dims stay on flash_bwd's grid. bf16, 16384 tokens, model dim 2048, do_bench on the
 # launchers, TFLOP/s at S = 1K / 2K / 8K. hd128 (H200, session 16): 429 / 479 / 527 (causal 319 / 402 / 503) vs the
@@ -463,10 +445,9 @@ _CONFIG_WIDE = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, SCORES_T=False, DQ_ATO
 # Slower: at hd64 3 stages (+-1%), 128-row blocks in the transposed layout (spills), a rotated query walk, P and dS
 # behind one barrier (`c3`); a deferred dQ store (session 16). dQ issued before dK with its store beside dK's
 # product crashes ptxas 3.6 (SIGSEGV) under some integer specializations (session 22, call 2). Head dims padded to
-# 256 (H100, session 38, `results/h100-2026-11-24-s38/`, CUDA-graph timed, S = 1K / 2K / 4K): 229 / 250 / 261 (causal
-# 187 / 222 / 246) vs the Triton grid's 171 / 180 / 187 and cuDNN's 281 / 335 / 354; dQ by scalar atomics measured
-# the same as by 8-byte ones, dQ added during the next step's S and dP (ptxas spills 68-228 bytes) 0.75-0.83x, no dQ
-# at all 640 at 4K.
+# 256 (H100, session 38, `results/h100-2026-11-24-s38/`, CUDA-graph timed, S = 1K / 2K / 4K), with the dQ pass (`c5`):
+# 302 / 339 / 337 (causal 237 / 286 / 315) vs cuDNN's 285 / 333 / 324 (224 / 285 / 333); one pass adding dQ by atomics
+# 230 / 250 / 260 (187 / 222 / 246), the Triton grid 171 / 180 / 187; one pass with no dQ at all 640 at 4K (`c3`).
 HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 128: _CONFIG, 256: _CONFIG_WIDE}
 
 
@@ -528,5 +509,5 @@ class _BackwardPlan:
             DQ_SMEM=_smem_layout([block_m, kernel_dim], torch.float32), **cfg)
 
     def __call__(self, dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale):
-        self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, dk, dv, dq_acc, *self.sizes, qk_scale, sm_scale,
+        self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, dk, dv, *self.sizes, qk_scale, sm_scale,
                     *self.windows)

@@ -1,0 +1,258 @@
+"""The dQ pass of the Gluon attention backward at head dims padded to 256 (Hopper, warp-specialized).
+
+flash_bwd_hopper's one-pass backward adds each key block's dQ_j = dS_j K_j into an fp32 buffer in L2. At head dim
+256 a 64 x 64 step adds a [64, 256] fp32 tile (64 KB) for 10.5 MFLOP of products, and those reductions bound it:
+~1.6 TB/s of them at 261 TFLOP/s, against 640 TFLOP/s for the same kernel with dQ never added (benchmarks/NOTES.md,
+session 38). So at 256 that kernel computes dK and dV alone (DQ_PASS) and this one computes dQ, FlashAttention-2's
+split: each program owns BLOCK_M queries of one query head and walks the key blocks they see,
+
+    S   = Q K_j^T                 [BLOCK_M, BLOCK_N]   wgmma, async (the two warpgroups take BLOCK_N / 2 keys each)
+    dP  = dO V_j^T                [BLOCK_M, BLOCK_N]   wgmma, async
+    P   = exp2(S * scale * log2(e) - lse2)
+    dS  = P * (dP - delta) * scale                      -> shared memory (both warpgroups' keys)
+    dQ += dS K_j                  [BLOCK_M, D]         each warpgroup half of the head dim, in registers
+
+then stores dQ once: S and dP are recomputed (7 products over both passes instead of 5) and nothing is reduced
+across programs, so dQ is also the same bits run to run. A producer warp loads Q, dO and their lse2 / delta rows once
+and streams K_j / V_j through NUM_STAGES slots. Scope and masks as flash_bwd_hopper (lse2 / delta from
+flash_bwd.hopper_backward_inputs; rows with no visible key: lse2 = +inf, so P = 0 and dQ = 0).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device
+from .flash_fwd_hopper import _smem_layout, gluon, kernel_head_dim, sequence_geometry
+
+if gluon is not None:
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                  warpgroup_mma, warpgroup_mma_wait)
+
+    from .flash_fwd_hopper import _tma_box
+
+    @gluon.jit
+    def _query_block(seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                     BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """This program's (batch, query head, first query m0, causal offset off, first key block, number of key
+        blocks). The query blocks of one head side by side (their K / V shared in L2), causal heaviest first. Query q
+        sees key k iff q + off - window_left <= k <= q + off + window_right."""
+        window_left, window_right = windows
+        n_m = gl.cdiv(seqlen_q, BLOCK_M)
+        pid = gl.program_id(0)
+        i_bh = pid // n_m
+        i_m = pid % n_m
+        if HAS_RIGHT:
+            i_m = n_m - 1 - i_m
+        m0 = i_m * BLOCK_M
+        off = 0
+        if BOTTOM_RIGHT:
+            off = seqlen_k - seqlen_q
+        hi = seqlen_k
+        if HAS_RIGHT:
+            hi = gl.maximum(gl.minimum(gl.minimum(m0 + BLOCK_M, seqlen_q) - 1 + off + window_right + 1, seqlen_k), 0)
+        j0 = 0
+        if HAS_LEFT:
+            j0 = gl.maximum(m0 + off - window_left, 0) // BLOCK_N
+        return i_bh // nheads_q, i_bh % nheads_q, m0, off, j0, gl.maximum(gl.cdiv(hi, BLOCK_N) - j0, 0)
+
+    @gluon.jit
+    def _dq_producer(descs, smem, bars, shape, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                     BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+        """One warp: Q + lse2 and dO + delta once, then K_j and V_j into slot j % NUM_STAGES once it is free."""
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc = descs
+        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem = smem
+        q_ready, do_ready, k_ready, v_ready, empty = bars
+        nheads_q, group, seqlen_q, seqlen_k = shape
+        i_b, i_h, m0, _, j0, n_blocks = _query_block(seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT, HAS_RIGHT,
+                                                     BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+        i_hk = i_h // group
+        mbarrier.expect(q_ready, BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
+        tma.async_copy_global_to_shared(q_desc, [i_b, m0, i_h, 0], q_ready, _tma_box(q_smem, q_desc))
+        tma.async_copy_global_to_shared(lse_desc, [i_b * nheads_q + i_h, m0], q_ready, _tma_box(lse_smem, lse_desc))
+        mbarrier.expect(do_ready, BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
+        tma.async_copy_global_to_shared(do_desc, [i_b, m0, i_h, 0], do_ready, _tma_box(do_smem, do_desc))
+        tma.async_copy_global_to_shared(delta_desc, [i_b * nheads_q + i_h, m0], do_ready,
+                                        _tma_box(delta_smem, delta_desc))
+        for j in range(n_blocks):
+            slot = j % NUM_STAGES
+            mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)      # the first pass finds slots free
+            mbarrier.expect(k_ready.index(slot), BLOCK_N * HEAD_DIM * 2)
+            tma.async_copy_global_to_shared(k_desc, [i_b, (j0 + j) * BLOCK_N, i_hk, 0], k_ready.index(slot),
+                                            _tma_box(k_smem.index(slot), k_desc))
+            mbarrier.expect(v_ready.index(slot), BLOCK_N * HEAD_DIM * 2)
+            tma.async_copy_global_to_shared(v_desc, [i_b, (j0 + j) * BLOCK_N, i_hk, 0], v_ready.index(slot),
+                                            _tma_box(v_smem.index(slot), v_desc))
+
+    @gluon.jit
+    def _dq_consumer(smem, bars, shape, dq_out, windows, qk_scale, sm_scale, HAS_LEFT: gl.constexpr,
+                     HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+        """Eight warps: the schedule in the module docstring, two CTA barriers a key block (dS stored; the block's
+        products done, before its slot and ds_smem are reused)."""
+        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem = smem
+        q_ready, do_ready, k_ready, v_ready, empty = bars
+        nheads_q, group, seqlen_q, seqlen_k = shape
+        p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim = dq_out
+        window_left, window_right = windows
+        dtype: gl.constexpr = q_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, BLOCK_N // 2, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                            instr_shape=[16, HEAD_DIM // 2, 16])
+        rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
+        i_b, i_h, m0, off, j0, n_blocks = _query_block(seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT, HAS_RIGHT,
+                                                       BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+        mbarrier.wait(q_ready, 0)
+        mbarrier.wait(do_ready, 0)
+        lse2 = lse_smem.load(rows_layout)
+        delta_scaled = delta_smem.load(rows_layout) * sm_scale
+        queries = m0 + gl.arange(0, BLOCK_M, layout=rows_layout)
+        for j in range(n_blocks):
+            slot = j % NUM_STAGES
+            phase = (j // NUM_STAGES) & 1
+            n0 = (j0 + j) * BLOCK_N
+            mbarrier.wait(k_ready.index(slot), phase)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(slot), phase)
+            dp_tok = warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
+            p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+            # flash_bwd_hopper's masks: keys past seqlen_k, and those a window hides from some row of the block
+            need_mask = n0 + BLOCK_N > seqlen_k
+            if HAS_RIGHT:
+                need_mask = need_mask | (m0 + off + window_right < n0 + BLOCK_N - 1)
+            if HAS_LEFT:
+                need_mask = need_mask | (n0 < m0 + BLOCK_M - 1 + off - window_left)
+            if need_mask:
+                keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                visible = gl.expand_dims(keys < seqlen_k, 0)
+                if HAS_RIGHT:
+                    visible = visible & (gl.expand_dims(keys, 0) <= gl.expand_dims(queries + off + window_right, 1))
+                if HAS_LEFT:
+                    visible = visible & (gl.expand_dims(keys, 0) >= gl.expand_dims(queries + off - window_left, 1))
+                p = gl.where(visible, p, 0.0)
+            dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok, ))
+            # dS with the softmax scale folded in: dQ needs no final scaling
+            ds_smem.store((p * (dp * sm_scale - gl.expand_dims(delta_scaled, 1))).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()             # dS from both warpgroups is in ds_smem
+            dq_tok = warpgroup_mma(ds_smem, k_smem.index(slot), dq, is_async=True)
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ))
+            gl.thread_barrier()             # every warp's products of this block are done: its slot and ds_smem
+            mbarrier.arrive(empty.index(slot), count=1)
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+        rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+        offs = (i_b.to(gl.int64) * stride_dq_b + i_h.to(gl.int64) * stride_dq_h
+                + gl.expand_dims(rows.to(gl.int64) * stride_dq_s, 1) + gl.expand_dims(cols, 0))
+        gl.store(p_dq + offs, dq.to(p_dq.dtype.element_ty),
+                 mask=gl.expand_dims(rows < seqlen_q, 1) & gl.expand_dims(cols < head_dim, 0))
+
+    @gluon.jit
+    def _flash_bwd_dq_hopper_kernel(
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc,
+        p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim,
+        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_left, window_right,
+        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr,
+        KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        # Host-side TMA descriptors as flash_bwd_hopper's: q, do [batch, seqlen_q, nheads_q, head_dim] (boxes
+        # [1, BLOCK_M, 1, HEAD_DIM]), k, v [batch, seqlen_k, nheads_k, head_dim] (boxes [1, BLOCK_N, 1, HEAD_DIM]),
+        # lse2, delta [batch * nheads_q, seqlen_q rounded up to BLOCK_M] fp32 (boxes [1, BLOCK_M]). dq (p_dq with its
+        # strides; q's dtype or fp32) is written, not added to. Grid (cdiv(seqlen_q, BLOCK_M) * batch * nheads_q,).
+        # num_warps = 8 is the consumer (the default partition); the producer warp is the worker.
+        gl.static_assert(num_warps == 8)
+        gl.static_assert(BLOCK_M == 64)
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
+        do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
+        k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
+        v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
+        vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        lse_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec_smem)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec_smem)
+        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
+        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        do_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_ready, count=1)
+        mbarrier.init(do_ready, count=1)
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+
+        descs = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc)
+        smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem)
+        bars = (q_ready, do_ready, k_ready, v_ready, empty)
+        shape = (nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k)
+        dq_out = (p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim)
+        windows = (window_left, window_right)
+        gl.warp_specialize([
+            (_dq_consumer, (smem, bars, shape, dq_out, windows, qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT,
+                            BOTTOM_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+            (_dq_producer, (descs, smem, bars, shape, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M, BLOCK_N,
+                            HEAD_DIM, NUM_STAGES)),
+        ], [1], [24])
+
+    _launch_dq = LaunchCache(_flash_bwd_dq_hopper_kernel)
+
+
+# lse2 / delta rows: TMA boxes [1, BLOCK_M] fp32, unswizzled (as flash_bwd_hopper's).
+_VEC_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2) if gluon is not None else None
+
+# 64 queries x 64 keys, K / V in two stages: Q + dO 64 KB, K / V 128 KB, dS 8 KB of shared memory at head dim 256.
+DQ_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, num_warps=8)
+
+
+def hopper_backward_dq(dout, q, k, v, lse2, delta, dq, *, qk_scale, sm_scale, window_left, window_right,
+                       bottom_right):
+    """Write dq (shaped like q, contiguous; q's dtype or fp32) from validated inputs, lse2 / delta as
+    flash_bwd.hopper_backward_inputs makes them with block_m = DQ_CONFIG's BLOCK_M, through the plan kept for this
+    call signature."""
+    key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dq.dtype, window_left,
+           window_right, bottom_right, launch_device())
+    plan = _PLANS.get(key, lambda: _DqPlan(q, k, v, dout, dq, window_left, window_right, bottom_right))
+    plan(dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale)
+
+
+_PLANS = PlanCache()
+
+
+class _DqPlan:
+    """Grid, descriptor geometry and constexprs of one call signature (as flash_bwd_hopper._BackwardPlan)."""
+
+    def __init__(self, q, k, v, dout, dq, window_left, window_right, bottom_right):
+        batch, seqlen_q, nheads_q, head_dim = q.shape
+        kernel_dim = kernel_head_dim(head_dim) or head_dim
+        seqlen_k, nheads_k = k.shape[1], k.shape[2]
+        cfg = dict(DQ_CONFIG)
+        block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
+        rows = cdiv(seqlen_q, block_m) * block_m        # lse2 / delta rows (hopper_backward_inputs)
+
+        def geometry(seqlen, heads, strides, box):
+            return sequence_geometry(batch, seqlen, heads, head_dim, strides, box, q.dtype, kernel_dim)
+
+        vec = ([batch * nheads_q, rows], [rows, 1], [1, block_m], _VEC_LAYOUT)
+        self.descriptors = [geometry(seqlen_q, nheads_q, q.stride(), block_m),
+                            geometry(seqlen_k, nheads_k, k.stride(), block_n),
+                            geometry(seqlen_k, nheads_k, v.stride(), block_n),
+                            geometry(seqlen_q, nheads_q, dout.stride(), block_m), vec, vec]
+        self.sizes = (*dq.stride()[:3], head_dim, nheads_q, nheads_k, seqlen_q, seqlen_k)
+        self.windows = (window_left, window_right)
+        self.launch = Launch(
+            _launch_dq, (cdiv(seqlen_q, block_m) * batch * nheads_q, ), self.descriptors,
+            HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_M=block_m,
+            BLOCK_N=block_n, HEAD_DIM=kernel_dim, Q_SMEM=_smem_layout([block_m, kernel_dim], q.dtype),
+            KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype), DS_SMEM=_smem_layout([block_m, block_n], q.dtype),
+            **cfg)
+
+    def __call__(self, dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale):
+        self.launch(q, k, v, dout, lse2, delta, dq, *self.sizes, qk_scale, sm_scale, *self.windows)
