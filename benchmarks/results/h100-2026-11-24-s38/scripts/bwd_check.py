@@ -9,11 +9,11 @@ from triton.experimental.gluon import language as gl
 import flashfuse.ops.attention.flash_bwd_hopper as B
 import flashfuse.ops.attention.flash_fwd_hopper as H
 
-def compile_bwd(head_dim, causal, left, bm, bn, scores_t, dtype=torch.bfloat16, atomic=False):
+def compile_bwd(head_dim, causal, left, bm, bn, scores_t, dtype=torch.bfloat16, atomic=False, dqpass=False):
     fn = B._flash_bwd_hopper_kernel
     vec = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
     const = dict(HAS_LEFT=left, HAS_RIGHT=causal, BOTTOM_RIGHT=True, FP32_GRADS=False, BLOCK_M=bm, BLOCK_N=bn,
-                 HEAD_DIM=head_dim, NUM_STAGES=2, SCORES_T=scores_t, DQ_ATOMIC=atomic,
+                 HEAD_DIM=head_dim, NUM_STAGES=2, SCORES_T=scores_t, DQ_PASS=dqpass,
                  Q_SMEM=H._smem_layout([bm, head_dim], dtype), KV_SMEM=H._smem_layout([bn, head_dim], dtype),
                  DS_SMEM=H._smem_layout([bn, bm] if scores_t else [bm, bn], dtype),
                  DQ_SMEM=H._smem_layout([bm, head_dim], torch.float32), num_warps=8)
@@ -27,7 +27,7 @@ def compile_bwd(head_dim, causal, left, bm, bn, scores_t, dtype=torch.bfloat16, 
             box = bm if n in ("q_desc", "do_desc") else bn
             sig[n] = f"tensordesc<bf16[1,{box},1,{head_dim}],{H._smem_layout([1, box, 1, head_dim], dtype)!r}>"
         elif n in ("qk_scale", "sm_scale"): sig[n] = "fp32"
-        elif n in ("p_dk", "p_dv", "p_dq"): sig[n] = "*fp32"
+        elif n in ("p_dk", "p_dv"): sig[n] = "*fp32"
         else: sig[n] = "i32"
     t = time.time()
     k = triton.compile(GluonASTSource(fn, sig, const, {}), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
@@ -37,13 +37,13 @@ def compile_bwd(head_dim, causal, left, bm, bn, scores_t, dtype=torch.bfloat16, 
     r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True, text=True)
     nregs = re.findall(r"Used (\d+) registers", r.stderr); spill = re.findall(r"(\d+) bytes spill stores", r.stderr)
     open("/tmp/last.ptx","w").write(k.asm["ptx"])
-    print(f"hd{head_dim} causal={causal} left={left} {bm}x{bn} T={scores_t}: regs={nregs} spill={spill} "
+    print(f"hd{head_dim} causal={causal} left={left} {bm}x{bn} T={scores_t} atomic={atomic} pass={dqpass}: regs={nregs} spill={spill} "
           f"smem={k.metadata.shared} {time.time()-t:.1f}s {r.stderr[-300:] if r.returncode else ''}", flush=True)
 
 import sys as _s
 if "wide" in _s.argv:
     for causal, left in ((False, False), (True, False), (True, True)):
-        compile_bwd(256, causal, left, 64, 64, False, atomic=True)
+        compile_bwd(256, causal, left, 64, 64, False, dqpass=True)
     _s.exit()
 for left in (False, True):
     compile_bwd(64, True, left, 128, 128, False)

@@ -1,0 +1,7 @@
+export PYTHONPATH=$PWD/src
+python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 tests/test_flash_attn_gpu.py tests/test_flash_attn_window_gpu.py tests/test_flash_attn_wide_gpu.py -k "not slow" 2>&1 | grep -v "Warning\|warner" | tail -8
+python3 -m flashfuse.cli bench attention --only "hd(160|192|256) " --out $OUT/bench --no-progress 2>&1 | tail -42
+for r in 1 2; do
+  PYTHONPATH=$PWD/.gpu/old_src/src python3 .gpu/fwd_rates.py old 2>&1 | tee -a $OUT/ab.log
+  PYTHONPATH=$PWD/src python3 .gpu/fwd_rates.py new 2>&1 | tee -a $OUT/ab.log
+done
