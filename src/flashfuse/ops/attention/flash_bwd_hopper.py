@@ -34,11 +34,12 @@ step, by atomics (the TMA reduce-add's fp32 slots do not fit beside two Q / dO s
 
 Measured (benchmarks/NOTES.md, sessions 16, 22 and 38): hd128 0.93-1.03x cuDNN from 1024 keys (H200); hd64 with
 128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x);
-hd256 with the dQ pass 0.94-1.06x cuDNN (H100; one pass with atomic dQ: 0.71-0.82x).
+hd256 with the dQ pass 0.99-1.08x cuDNN (H100; one pass with atomic dQ: 0.71-0.83x).
 
-dQ's summation order over key blocks varies run to run (atomics), so deterministic=True keeps flash_bwd's
-grid, but at head dims padded to 256, where nothing is added across programs (DQ_PASS). Scope as flash_fwd_hopper: 16-bit inputs, head dims 33..256 (kernel_head_dim), no dropout / ALiBi /
-softcap / bias / varlen; GQA and both window sides (causal, sliding) are in. Used only on the triton release
+dQ's summation order over key blocks varies run to run (reduce-adds), so deterministic=True keeps flash_bwd's grid,
+but at head dims padded to 256, where nothing is added across programs (DQ_PASS). Scope as flash_fwd_hopper: 16-bit
+inputs, head dims 33..256 (kernel_head_dim), no dropout / ALiBi / softcap / bias / varlen; GQA and both window sides
+(causal, sliding) are in. Used only on the triton release
 it was written and measured against (flash_fwd_hopper.GLUON_TRITON); flash_bwd's Triton grid everywhere else.
 """
 
