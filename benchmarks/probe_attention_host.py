@@ -29,7 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashfuse import flash_attn_func
 from flashfuse.ops import _triton
-from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper, flash_fwd, flash_fwd_hopper
+from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper, flash_bwd_preprocess, flash_fwd, flash_fwd_hopper
 
 CASES = [(128, 16, True), (128, 16, False), (64, 32, True)]      # head dim, heads, causal; 16384 tokens at S = 512
 
@@ -47,7 +47,8 @@ def host_us(fn, reps):
 
 
 def fresh_plans():
-    for module, name in ((flash_fwd_hopper, "_PLANS"), (flash_bwd_hopper, "_PLANS"), (flash_bwd, "_PREPROCESS_PLANS")):
+    for module, name in ((flash_fwd_hopper, "_PLANS"), (flash_bwd_hopper, "_PLANS"),
+                         (flash_bwd_preprocess, "_PREPROCESS_PLANS")):
         setattr(module, name, _triton.PlanCache())
 
 

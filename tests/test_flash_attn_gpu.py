@@ -564,7 +564,7 @@ def test_hopper_plans_gpu(monkeypatch):
     same shapes and strides), other strides or another config make a new one, and every result, gradients included,
     matches the fp32 reference."""
     _require_gluon()
-    from flashfuse.ops.attention import flash_bwd as bwd
+    from flashfuse.ops.attention import flash_bwd_preprocess
 
     config = {"value": _hopper(True)}
     monkeypatch.setattr(flash_fwd_hopper, "hopper_forward_config", lambda *a: dict(config["value"]))
@@ -573,7 +573,8 @@ def test_hopper_plans_gpu(monkeypatch):
     from flashfuse.ops._triton import PlanCache
 
     plans = []
-    for module, name in ((flash_fwd_hopper, "_PLANS"), (flash_bwd_hopper, "_PLANS"), (bwd, "_PREPROCESS_PLANS")):
+    for module, name in ((flash_fwd_hopper, "_PLANS"), (flash_bwd_hopper, "_PLANS"),
+                         (flash_bwd_preprocess, "_PREPROCESS_PLANS")):
         monkeypatch.setattr(module, name, PlanCache())                   # empty, and never cleared by other tests
         plans.append(getattr(module, name).plans)
 

@@ -220,14 +220,14 @@ def test_hopper_backward_inputs(monkeypatch, seqlen_q, block_m):
     """The preprocess in flash_bwd_hopper's layout: delta = rowsum(dO * O) and lse2 = lse * log2(e) as
     [batch * nheads, seqlen_q rounded up to block_m] rows, exactly 0 in the padding (a whole query block is
     read; +inf lse of rows with no key stays +inf), and the fp32 dQ buffer zeroed (it is filled with NaN first)."""
-    from flashfuse.ops.attention import flash_bwd
+    from flashfuse.ops.attention import flash_bwd_preprocess
 
     out, dout = torch.randn(2, seqlen_q, 3, 40), torch.randn(2, seqlen_q, 3, 40)
     lse = torch.randn(2, 3, seqlen_q)
     lse[0, 1, 0] = float("inf")
     empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))  # no zero by accident
-    delta, lse2, dq_acc = flash_bwd.hopper_backward_inputs(out, dout, lse, block_m)
+    delta, lse2, dq_acc = flash_bwd_preprocess.hopper_backward_inputs(out, dout, lse, block_m)
     monkeypatch.undo()
     assert dq_acc.shape == out.shape and dq_acc.dtype == torch.float32 and (dq_acc == 0).all()
     rows = -(-seqlen_q // block_m) * block_m

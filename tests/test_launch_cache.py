@@ -285,7 +285,7 @@ def test_repeated_attention_calls_gpu(monkeypatch):
     within bf16 rounding in norm (the Gluon backward adds dQ with fp32 atomics, in no fixed order)."""
     from flashfuse import flash_attn_func
     from flashfuse.ops._triton import PlanCache
-    from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper, flash_fwd_hopper
+    from flashfuse.ops.attention import flash_bwd_hopper, flash_bwd_preprocess, flash_fwd_hopper
     if not flash_fwd_hopper.available(torch.device("cuda")):
         pytest.skip("the cached launches are those of the Gluon kernels (sm_90, triton 3.6)")
 
@@ -297,12 +297,13 @@ def test_repeated_attention_calls_gpu(monkeypatch):
         out.backward(torch.ones_like(out))
         return [out.detach(), q.grad, k.grad, v.grad]
 
-    caches = (flash_fwd_hopper._launch_forward, flash_bwd_hopper._launch_backward, flash_bwd._launch_preprocess)
+    caches = (flash_fwd_hopper._launch_forward, flash_bwd_hopper._launch_backward,
+              flash_bwd_preprocess._launch_preprocess)
     for causal in (False, True):
         for c in caches:
             c.compiled.clear()       # (keys are specializations, which other tests' shapes share)
         for module, name in ((flash_fwd_hopper, "_PLANS"), (flash_bwd_hopper, "_PLANS"),
-                             (flash_bwd, "_PREPROCESS_PLANS")):
+                             (flash_bwd_preprocess, "_PREPROCESS_PLANS")):
             monkeypatch.setattr(module, name, PlanCache())      # (plans keep their entries)
         first = call(4096, causal)
         for seqlen in (1000, 4096, 4096):
@@ -321,10 +322,11 @@ def test_encoded_descriptors_follow_their_tensors_gpu(monkeypatch):
     descriptors (the encodings are kept per address)."""
     from flashfuse import flash_attn_func
     from flashfuse.ops._triton import EncodedLaunch, PlanCache
-    from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper, flash_fwd_hopper
+    from flashfuse.ops.attention import flash_bwd_hopper, flash_bwd_preprocess, flash_fwd_hopper
     if not flash_fwd_hopper.available(torch.device("cuda")):
         pytest.skip("the encoded launches are those of the Gluon kernels (sm_90, triton 3.6)")
-    for module, name in ((flash_fwd_hopper, "_PLANS"), (flash_bwd_hopper, "_PLANS"), (flash_bwd, "_PREPROCESS_PLANS")):
+    for module, name in ((flash_fwd_hopper, "_PLANS"), (flash_bwd_hopper, "_PLANS"),
+                         (flash_bwd_preprocess, "_PREPROCESS_PLANS")):
         monkeypatch.setattr(module, name, PlanCache())
 
     def inputs(seed):

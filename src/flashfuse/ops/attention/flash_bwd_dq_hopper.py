@@ -15,12 +15,10 @@ split: each program owns BLOCK_M queries of one query head and walks the key blo
 then stores dQ once: S and dP are recomputed (7 products over both passes instead of 5) and nothing is reduced
 across programs, so dQ is also the same bits run to run. A producer warp loads Q, dO and their lse2 / delta rows once
 and streams K_j / V_j through NUM_STAGES slots. Scope and masks as flash_bwd_hopper (lse2 / delta from
-flash_bwd.hopper_backward_inputs; rows with no visible key: lse2 = +inf, so P = 0 and dQ = 0).
+flash_bwd_preprocess.hopper_backward_inputs; rows with no visible key: lse2 = +inf, so P = 0 and dQ = 0).
 """
 
 from __future__ import annotations
-
-import torch
 
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device
 from .flash_fwd_hopper import _smem_layout, gluon, kernel_head_dim, sequence_geometry
@@ -215,8 +213,8 @@ DQ_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, num_warps=8)
 def hopper_backward_dq(dout, q, k, v, lse2, delta, dq, *, qk_scale, sm_scale, window_left, window_right,
                        bottom_right):
     """Write dq (shaped like q, contiguous; q's dtype or fp32) from validated inputs, lse2 / delta as
-    flash_bwd.hopper_backward_inputs makes them with block_m = DQ_CONFIG's BLOCK_M, through the plan kept for this
-    call signature."""
+    flash_bwd_preprocess.hopper_backward_inputs makes them with block_m = DQ_CONFIG's BLOCK_M, through the plan
+    kept for this call signature."""
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dq.dtype, window_left,
            window_right, bottom_right, launch_device())
     plan = _PLANS.get(key, lambda: _DqPlan(q, k, v, dout, dq, window_left, window_right, bottom_right))

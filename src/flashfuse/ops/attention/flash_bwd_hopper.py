@@ -48,7 +48,8 @@ from __future__ import annotations
 import torch
 
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device
-from . import flash_fwd_hopper
+from . import flash_bwd_dq_hopper, flash_fwd_hopper
+from .flash_bwd_preprocess import hopper_backward_inputs
 from .flash_fwd_hopper import _smem_layout, gluon, kernel_head_dim, sequence_geometry
 
 LOG2E = flash_fwd_hopper.LOG2E
@@ -462,7 +463,7 @@ def hopper_backward_config(head_dim: int):
 def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_scale, window_right,
                     bottom_right, config, window_left=-1):
     """Launch on validated inputs: q, k, v, dout [batch, seqlen, heads, head dim] 16-bit with 16-byte aligned
-    strides; lse2, delta from flash_bwd.hopper_backward_inputs; dq_acc zeroed fp32 shaped like q;
+    strides; lse2, delta from flash_bwd_preprocess.hopper_backward_inputs; dq_acc zeroed fp32 shaped like q;
     dk, dv contiguous, shaped like k, v: k's dtype, or fp32 (then stored from registers without rounding).
     Through the plan kept for this call signature (_BackwardPlan)."""
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dk.dtype, window_left,
@@ -512,3 +513,22 @@ class _BackwardPlan:
     def __call__(self, dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale):
         self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, dk, dv, *self.sizes, qk_scale, sm_scale,
                     *self.windows)
+
+
+def gluon_backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, window_right, bottom_right, fp32_grads,
+                   config):
+    """flash_bwd's entry to this file's kernel (config: hopper_backward_config's, for inputs flash_bwd._hopper_plan
+    admitted): it adds dQ (scaled) into the fp32 buffer, cast to dq's dtype after; or, DQ_PASS (head dims padded to
+    256), it computes dK and dV and flash_bwd_dq_hopper's pass writes dQ. Returns (dq, dk, dv)."""
+    delta, lse2, dq_acc = hopper_backward_inputs(out, dout, lse, config["BLOCK_M"])
+    grad_dtype = torch.float32 if fp32_grads else k.dtype
+    dk, dv = (torch.empty(t.shape, dtype=grad_dtype, device=t.device) for t in (k, v))
+    scales = dict(qk_scale=softmax_scale * LOG2E, sm_scale=softmax_scale, window_right=window_right,
+                  bottom_right=bottom_right, window_left=window_left)
+    hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, config=config, **scales)
+    if config["DQ_PASS"]:
+        assert config["BLOCK_M"] == flash_bwd_dq_hopper.DQ_CONFIG["BLOCK_M"]       # lse2 / delta rows
+        dq = torch.empty(q.shape, dtype=torch.float32 if fp32_grads else q.dtype, device=q.device)
+        flash_bwd_dq_hopper.hopper_backward_dq(dout, q, k, v, lse2, delta, dq, **scales)
+        return dq, dk, dv
+    return (dq_acc if fp32_grads else dq_acc.to(q.dtype)), dk, dv

@@ -424,46 +424,25 @@ if gluon is not None:
 _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_STAGES=2, num_warps=4, CONSUMER_REGS=240,
                          SPLIT_PV_WAIT=False, O_FROM_REGS=False)
 
-# (head dim, right window / causal) -> ((shortest key loop, config), ...): where this kernel measured faster
-# than flash_fwd's (H200, bf16, 16384 tokens, model dim 2048, TFLOP/s at S = 512 / 1K / 2K / 4K / 8K / 16K;
-# benchmarks/NOTES.md sessions 15-17). A call takes the last entry whose key loop is at most seqlen_k.
-# Session 17 (CUDA-graph timed, one run, `results/h200-2026-11-22-s17/c5`), all persistent:
-# - hd128 without a mask, two Q slots: 513 / 559 / 586 / 608 / 614 / 620 (one slot: 461 / 527 / 573 / 591 / 599 / 605);
-#   cuDNN 472 / 531 / 578 / 587 / 599 / 602. Triton's kernel (session 15): 294 / 384 / 473 / 505 / 525 / 544.
-# - hd128 causal, paired row blocks, one Q slot: 297 / 417 / 501 / 541 / 578 / 597 (two: 292 / 411 / 486 / 530 / 569 /
-#   588); cuDNN 315 / 395 / 458 / 504 / 536 / 554. One tile per program (call 1): 253 / 358 / 450 / 514 / 559 / 605;
-#   Triton's 217 / 290 / 357 / 432 / 478 / 529. (Persistent with single tiles round-robin: 437 at 16K.)
-# - hd64 without a mask, two Q slots: 385 / 416 / 435 / 444 / 448 / 450 (one: 347 / 400 / 429 / 443 / 449 / 452);
-#   three consumer warpgroups (192-row tiles, 160 registers each: ptxas spills 16 bytes) from 8K: 475 / 478; cuDNN
-#   366 / 405 / 433 / 447 / 452 / 452. Triton's (call 1): 291 / 358 / 380 / 398.
-# - hd64 causal, paired, two Q slots: 209 / 306 / 367 / 405 / 428 / 441 (one: 212 / 303 / 352 / 390 / 411 / 423; one
-#   tile per program 162 / 247 / 324 / 374 / 412 / 442); cuDNN 254 / 322 / 374 / 405 / 425 / 437. Triton's (call 1):
-#   191 / 270 / 325 / 363 / 389 / 404.
-# Tried and dropped: the next tile's first Q K^T issued beside this tile's last P V (call 4: 2-10% slower at hd64,
-# within 1% at hd128), the key loop split at its first masked block (call 2: hd64 S = 512 causal 211 -> 132),
-# three consumers causal (ptxas spills 408 bytes; slower), 128 x 64 key tiles (8-17% slower; session 23: faster for
-# hd64 causal below 2K keys, below). ptxas, two consumers: 168 registers at launch (12 warps), 240 per consumer
+# (head dim, right window / causal) -> ((shortest key loop, config), ...): where this kernel measured faster than
+# flash_fwd's (bf16, 16384 tokens, model dim 2048, CUDA-graph timed; the numbers are in benchmarks/NOTES.md under each
+# session and in this file's history). A call takes the last entry whose key loop is at most seqlen_k.
+# - hd128 without a mask: persistent, two Q slots (session 17, H200: 513-620 TFLOP/s at S = 512..16K, one slot 461-605,
+#   cuDNN 472-602).
+# - hd128 causal: paired row blocks, one Q slot (session 17: 297-597, cuDNN 315-554); below 1K keys 64-key tiles with
+#   3 stages and two Q slots, the lower warpgroup releasing the tile's unseen last block unread (session 27, H100: 328
+#   vs 282 at S = 512); from 2K keys SPLIT_PV_WAIT, the softmax overlapping its own P V (session 30: +1-2% there,
+#   0.5-5% slower at every other entry).
+# - hd64 without a mask: two Q slots (session 17: 385-450, cuDNN 366-452); three consumer warpgroups (192-row tiles,
+#   160 registers each) from 8K (475 / 478).
+# - hd64 causal: 64-key tiles with 3 stages below 1K keys (session 23, H100: 255 vs 218 at 512), 128-key tiles with a
+#   third stage at 1K (session 29: 307 vs 297 / 302), two stages from 2K.
+# - Head dims padded to 256: _WIDE below (session 38).
+# Tried and dropped (sessions 15-31): the next tile's first Q K^T beside this tile's last P V, the key loop split at
+# its first masked block, three consumers causal (ptxas spills 408 bytes), 128 x 64 key tiles elsewhere, 4 stages,
+# ping-pong turns, per-warp K / V releases. ptxas, two consumers: 168 registers at launch (12 warps), 240 per consumer
 # warpgroup, no spill (16 bytes at hd128 causal); 225 KB of shared memory at hd128 with two Q slots. Three: 128 at
 # launch (16 warps), 160 per consumer.
-# Session 23 (H100, CUDA-graph timed, two runs, `results/h100-2026-11-23-s23/c3`): hd64 causal with 64-key tiles, where
-# each causal tile's last key block is one its lower warpgroup releases unread, and 3 K / V stages: 255 / 299 / 334 /
-# 362 and 241 / 299 / 334 / 360 at S = 512 / 1K / 2K / 4K vs 128-key tiles' 218 / 288 / 353 / 390 and 216 / 293 / 356 /
-# 392 (cuDNN 256 / 325 / 371 / 404 and 245 / 313 / 366 / 400); 2 stages 247 / 294, 4 stages 254 / 297 at S = 512 / 1K.
-# Session 27 (H100, CUDA-graph timed, two runs, `results/h100-2026-11-23-s27/c4`): hd128 causal at S = 512 with the
-# same 64-key tiles, 3 stages and two Q slots 328 / 317 vs 282 / 283 for 128-key tiles with one Q slot (one Q slot:
-# 309 / 301; 4 stages: 300 / 297; cuDNN 307 / 297); at 1K 410 / 404 vs 407 / 406 (cuDNN 394 / 377): kept below 1K.
-# Session 29 (H100, CUDA-graph timed, two rounds, `results/h100-2026-11-23-s29/c4`): hd64 causal at 1K keys, 128-key
-# tiles with 3 stages 307 (median; 4 stages 306) vs the 64-key entry's 297 and 2 stages' 302 (`c1`); cuDNN 319. The
-# third slot lets the next tile's first blocks load while this tile's short key loop (1-8 blocks) ends. At 512 keys
-# 207 vs 251 (64-key tiles stay), at 2K / 8K equal to 2 stages (369 / 431 vs 367 / 432).
-# Session 30 (H100, CUDA-graph timed, `results/h100-2026-11-23-s30/`): SPLIT_PV_WAIT (the wait for P V placed after the
-# softmax's exponentials in SASS, i.e. FA3's intra-warpgroup overlap, which ptxas had undone at every entry): hd128
-# causal 496 / 555 / 587 / 606 at S = 2K / 4K / 8K / 16K vs 491 / 545 / 574 / 595 without (three rounds, `c2`; cuDNN 449 /
-# 488 / 520 / 546), 404 vs 403 at 1K; on every entry (`c1`) hd64 2-5% slower (causal 1K 295 vs 311), hd128 without a
-# mask 0.5-1.5% slower, hd128 causal at 512 / 1K 315 / 410 vs 327 / 413.
-# Session 31 (H100, CUDA-graph timed, three rounds, `results/h100-2026-11-23-s31/c2`): the causal mask as one compare
-# per score (_softmax_block), all entries: hd64 causal 253 / 323 / 379 / 433 at S = 512 / 1K / 2K / 8K vs 252 / 302 / 367 /
-# 431 (cuDNN 245 / 319 / 369 / 420), hd128 causal 328 / 414 / 564 at 512 / 1K / 4K vs 322 / 409 / 562.
 _THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_REGS=160)
 # Head dims padded to 256 (session 38): Q 2 x 32 KB and K / V 2 x 2 x 32 KB fill 192 KB of shared memory, so one Q slot
 # per consumer, 64-key tiles and O stored from registers.
