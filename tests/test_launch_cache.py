@@ -267,7 +267,7 @@ def test_arg_specialization_matches_triton_gpu():
 
     base = torch.zeros(1024, device="cuda", dtype=torch.bfloat16)
     seq = torch.zeros(2, 256, 4, 128, device="cuda", dtype=torch.bfloat16)
-    descriptors = [host_descriptor(t, *sequence_geometry(2, 256, 4, t.shape[-1], t.stride(), box, t.dtype))
+    descriptors = [host_descriptor(t, *sequence_geometry(2, 256, 4, t.shape[-1], t.stride(), box, t.dtype, t.shape[-1]))
                    for t, box in ((seq, 64), (seq, 128), (seq[:, :200], 64), (seq.half(), 64), (seq[..., :64], 64))]
     values = [0, 1, 2, 15, 16, 17, 32, -16, -1, 2 ** 31 - 16, 2 ** 31, 2 ** 40, 2 ** 63, 0.5, 1.0, True, False,
               base, base[8:], base[1:], base.float(), base.view(torch.int16), *descriptors]

@@ -26,10 +26,8 @@ for S in seqs:
         res = {}
         for name in names:
             try:
-                if name in ("gluon", "triton", "atomic"):
+                if name in ("gluon", "triton"):
                     flash_bwd.GLUON_BACKWARD = flash_fwd.GLUON_FORWARD = name != "triton"
-                    from flashfuse.ops.attention import flash_bwd_hopper as BH
-                    BH.HOPPER_BWD_CONFIGS[256] = BH._CONFIG_WIDE if name == "atomic" else BH._CONFIG_WIDE_PASS
                     fwd = lambda q=q, k=k, v=v: flashfuse.flash_attn_func(q, k, v, causal=causal)
                     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
                     mk = lambda: flashfuse.flash_attn_func(*leaves, causal=causal)

@@ -1,0 +1,4 @@
+export PYTHONPATH=$PWD/src
+python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 tests/test_flash_attn_gpu.py tests/test_flash_attn_window_gpu.py tests/test_flash_attn_wide_gpu.py tests/test_launch_cache.py -k "not slow" 2>&1 | grep -v "Warning\|warner" | tail -8
+python3 benchmarks/probe_attention_host.py --help 2>&1 | head -3
+DIMS=128,256 SEQS=2048 NAMES=gluon,cudnn TAG=c7 python3 .gpu/wide.py 2>&1 | tee $OUT/wide_c7.log
