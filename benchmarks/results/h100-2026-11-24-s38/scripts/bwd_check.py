@@ -2,12 +2,18 @@
 import os, re, subprocess, sys, tempfile, time
 os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, "src")
-import torch, triton
+import torch, triton, hashlib
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon import language as gl
 import flashfuse.ops.attention.flash_bwd_hopper as B
 import flashfuse.ops.attention.flash_fwd_hopper as H
+
+def _ptxhash(ptx):
+    import re as _re
+    ptx = _re.sub(r"//.*", "", ptx).split(".section")[0]
+    ptx = "\n".join(l for l in ptx.splitlines() if not l.strip().startswith((".loc", ".file", "$L__", "Lfunc")) and l.strip())
+    return hashlib.md5(ptx.encode()).hexdigest()[:10]
 
 def compile_bwd(head_dim, causal, left, bm, bn, scores_t, dtype=torch.bfloat16, atomic=False, dqpass=False):
     fn = B._flash_bwd_hopper_kernel
@@ -38,7 +44,7 @@ def compile_bwd(head_dim, causal, left, bm, bn, scores_t, dtype=torch.bfloat16, 
     nregs = re.findall(r"Used (\d+) registers", r.stderr); spill = re.findall(r"(\d+) bytes spill stores", r.stderr)
     open("/tmp/last.ptx","w").write(k.asm["ptx"])
     print(f"hd{head_dim} causal={causal} left={left} {bm}x{bn} T={scores_t} atomic={atomic} pass={dqpass}: regs={nregs} spill={spill} "
-          f"smem={k.metadata.shared} {time.time()-t:.1f}s {r.stderr[-300:] if r.returncode else ''}", flush=True)
+          f"smem={k.metadata.shared} hash={_ptxhash(k.asm['ptx'])} {time.time()-t:.1f}s {r.stderr[-300:] if r.returncode else ''}", flush=True)
 
 import sys as _s
 if "wide" in _s.argv:

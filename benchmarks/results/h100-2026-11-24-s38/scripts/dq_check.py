@@ -2,12 +2,18 @@
 import os, re, subprocess, sys, tempfile, time
 os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, "src")
-import torch, triton
+import torch, triton, hashlib
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon import language as gl
 import flashfuse.ops.attention.flash_bwd_dq_hopper as D
 import flashfuse.ops.attention.flash_fwd_hopper as H
+
+def _ptxhash(ptx):
+    import re as _re
+    ptx = _re.sub(r"//.*", "", ptx).split(".section")[0]
+    ptx = "\n".join(l for l in ptx.splitlines() if not l.strip().startswith((".loc", ".file", "$L__", "Lfunc")) and l.strip())
+    return hashlib.md5(ptx.encode()).hexdigest()[:10]
 
 def compile_dq(head_dim, causal, left, dtype=torch.bfloat16, out="*bf16"):
     fn = D._flash_bwd_dq_hopper_kernel
@@ -34,7 +40,7 @@ def compile_dq(head_dim, causal, left, dtype=torch.bfloat16, out="*bf16"):
         f.write(k.asm["ptx"])
     r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True, text=True)
     nregs = re.findall(r"Used (\d+) registers", r.stderr); spill = re.findall(r"(\d+) bytes spill stores", r.stderr)
-    print(f"dq hd{head_dim} causal={causal} left={left} out={out}: regs={nregs} spill={spill} smem={k.metadata.shared} "
+    print(f"dq hd{head_dim} causal={causal} left={left} out={out}: regs={nregs} spill={spill} smem={k.metadata.shared} hash={_ptxhash(k.asm['ptx'])} "
           f"{time.time()-t:.1f}s {r.stderr[-300:] if r.returncode else ''}", flush=True)
 
 for causal, left in ((False, False), (True, False), (True, True)):

@@ -56,6 +56,30 @@ if gluon is not None:
         return i_bh // nheads_q, i_bh % nheads_q, m0, off, j0, gl.maximum(gl.cdiv(hi, BLOCK_N) - j0, 0)
 
     @gluon.jit
+    def _mask_rows(p, m0, n0, seqlen_k, off, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+        """P [BLOCK_M queries from m0, BLOCK_N keys from n0] in the row layout (s_layout) with the keys past seqlen_k
+        and those a window hides from each query zeroed (_bwd_consumer's masks, transposed); blocks that need no mask
+        come back as they are (rows past seqlen_q read zero-filled dO, delta = 0). Also flash_bwd_hopper's
+        _bwd_consumer_rows's."""
+        window_left, window_right = windows
+        need_mask = n0 + BLOCK_N > seqlen_k
+        if HAS_RIGHT:
+            need_mask = need_mask | (m0 + off + window_right < n0 + BLOCK_N - 1)
+        if HAS_LEFT:
+            need_mask = need_mask | (n0 < m0 + BLOCK_M - 1 + off - window_left)
+        if need_mask:
+            queries = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            visible = gl.expand_dims(keys < seqlen_k, 0)
+            if HAS_RIGHT:
+                visible = visible & (gl.expand_dims(keys, 0) <= gl.expand_dims(queries + off + window_right, 1))
+            if HAS_LEFT:
+                visible = visible & (gl.expand_dims(keys, 0) >= gl.expand_dims(queries + off - window_left, 1))
+            p = gl.where(visible, p, 0.0)
+        return p
+
+    @gluon.jit
     def _dq_producer(descs, smem, bars, shape, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
@@ -94,7 +118,6 @@ if gluon is not None:
         q_ready, do_ready, k_ready, v_ready, empty = bars
         nheads_q, group, seqlen_q, seqlen_k = shape
         p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim = dq_out
-        window_left, window_right = windows
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                            instr_shape=[16, BLOCK_N // 2, 16])
@@ -109,7 +132,6 @@ if gluon is not None:
         mbarrier.wait(do_ready, 0)
         lse2 = lse_smem.load(rows_layout)
         delta_scaled = delta_smem.load(rows_layout) * sm_scale
-        queries = m0 + gl.arange(0, BLOCK_M, layout=rows_layout)
         for j in range(n_blocks):
             slot = j % NUM_STAGES
             phase = (j // NUM_STAGES) & 1
@@ -120,20 +142,7 @@ if gluon is not None:
             dp_tok = warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
             p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-            # flash_bwd_hopper's masks: keys past seqlen_k, and those a window hides from some row of the block
-            need_mask = n0 + BLOCK_N > seqlen_k
-            if HAS_RIGHT:
-                need_mask = need_mask | (m0 + off + window_right < n0 + BLOCK_N - 1)
-            if HAS_LEFT:
-                need_mask = need_mask | (n0 < m0 + BLOCK_M - 1 + off - window_left)
-            if need_mask:
-                keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-                visible = gl.expand_dims(keys < seqlen_k, 0)
-                if HAS_RIGHT:
-                    visible = visible & (gl.expand_dims(keys, 0) <= gl.expand_dims(queries + off + window_right, 1))
-                if HAS_LEFT:
-                    visible = visible & (gl.expand_dims(keys, 0) >= gl.expand_dims(queries + off - window_left, 1))
-                p = gl.where(visible, p, 0.0)
+            p = _mask_rows(p, m0, n0, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, s_layout)
             dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok, ))
             # dS with the softmax scale folded in: dQ needs no final scaling
             ds_smem.store((p * (dp * sm_scale - gl.expand_dims(delta_scaled, 1))).to(dtype))

@@ -64,6 +64,7 @@ if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                   warpgroup_mma, warpgroup_mma_wait)
 
+    from .flash_bwd_dq_hopper import _mask_rows
     from .flash_fwd_hopper import _tma_box
 
     @builtin
@@ -256,7 +257,6 @@ if gluon is not None:
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_M, 8 // WARPS_M],
                                                             instr_shape=[16, HEAD_DIM // (8 // WARPS_M), 16])
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
-        window_left, window_right = windows
         i_b, i_hk, n0, off, m_first, n_steps = _key_block(seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT,
                                                           BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
@@ -277,21 +277,7 @@ if gluon is not None:
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
             lse2 = lse_smem.index(slot).load(rows_layout)
             p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-            # the masks of _bwd_consumer, transposed
-            need_mask = n0 + BLOCK_N > seqlen_k
-            if HAS_RIGHT:
-                need_mask = need_mask | (m0 + off + window_right < n0 + BLOCK_N - 1)
-            if HAS_LEFT:
-                need_mask = need_mask | (n0 < m0 + BLOCK_M - 1 + off - window_left)
-            if need_mask:
-                queries = m0 + gl.arange(0, BLOCK_M, layout=rows_layout)
-                keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-                visible = gl.expand_dims(keys < seqlen_k, 0)
-                if HAS_RIGHT:
-                    visible = visible & (gl.expand_dims(keys, 0) <= gl.expand_dims(queries + off + window_right, 1))
-                if HAS_LEFT:
-                    visible = visible & (gl.expand_dims(keys, 0) >= gl.expand_dims(queries + off - window_left, 1))
-                p = gl.where(visible, p, 0.0)
+            p = _mask_rows(p, m0, n0, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, s_layout)
             p_smem.store(p.to(dtype))
             fence_async_shared()
             gl.thread_barrier()             # P's rows from both warpgroups are in p_smem
