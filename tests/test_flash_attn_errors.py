@@ -203,6 +203,19 @@ def test_cu_seqlens_not_monotone(device):
         flash_attn_varlen_func(q, k, v, cu_q, bad, max_q, max_k)
 
 
+def test_cu_seqlens_checked_again_when_changed(device):
+    """The data check is kept per cu_seqlens pair (the layers of one batch pass the same tensors), but a pair changed
+    in place, or a new tensor with other values, is checked again."""
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen(device)
+    flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)
+    flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)                 # passes again, unchanged
+    cu_k[1] = 12                                                               # [0, 12, 9, 17], in place
+    with pytest.raises(ValueError, match=names("cu_seqlens_k")):
+        flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)
+    with pytest.raises(ValueError, match=names("max_seqlen_q")):              # cu_seqlens_q again, a smaller max
+        flash_attn_varlen_func(q, k, v, cu_q, cu_seqlens((5, 9, 3), device), max_q - 1, max_k)
+
+
 def test_cu_seqlens_wrong_length(device):
     """cu_seqlens_q and cu_seqlens_k must describe the same number of sequences."""
     q, k, v, cu_q, cu_k, max_q, max_k = varlen(device)

@@ -8,6 +8,8 @@ Three groups of cases (canonical layout: torch SDPA's (batch, nheads, seqlen, he
     (flash_attn_func, layout (B, S, H, D)), torch SDPA under the cuDNN / flash / efficient backends,
     FlexAttention compiled, and, where they fit in memory and seconds, the naive PyTorch version and
     SDPA's math backend. FLOPs: forward 4*B*H*S*S*D (x0.5 causal), backward 2.5 x forward.
+    Packed batches (GPU): the same 16384 tokens as sequences of lengths drawn in [max / 8, max] (max = 2048,
+    4096), hd 64 / 128, through flash_attn_varlen_func, beside FlexAttention with a document mask.
 (b) the progression (flashfuse.attention: naive -> basic -> vectorized -> blocked -> flash), forward,
     B=1, H=16, D=64, fp16, S = 256..8192; the slow kernels only where they finish in seconds.
 (c) long context: causal S = 65536, B=1, 16 heads of 128, bf16: the naive version cannot allocate its
@@ -35,6 +37,11 @@ FA_QUICK_SEQLENS = (1024, 4096)
 FA_WIDE_HEADDIMS = (160, 192, 256)
 FA_WIDE_SEQLENS = (1024, 2048, 4096)
 FA_WIDE_QUICK_SEQLENS = (2048,)
+# Packed (varlen) batches: FA_TOKENS tokens as sequences of at most max tokens (lengths drawn in [max / 8, max], the
+# first one max), canonical layout (1, H, total, D); GPU only.
+FA_VARLEN_MAX = (2048, 4096)
+FA_VARLEN_QUICK_MAX = (2048,)
+VARLEN_PROVIDERS = ("flashfuse", "flex")
 # (b) one (batch, head) grid small enough that the per-query kernels finish in seconds.
 PROG_BATCH, PROG_HEADS, PROG_HEADDIM = 1, 16, 64
 PROG_SEQLENS = (256, 512, 1024, 2048, 4096, 8192)
@@ -74,9 +81,38 @@ def _swap(t: torch.Tensor) -> torch.Tensor:
 # Providers (every import is lazy: the suite lists and runs with whatever exists)
 # ----------------------------------------------------------------------------------------------------
 
+def varlen_lengths(total: int, max_len: int, seed: int = 0) -> tuple[int, ...]:
+    """Sequence lengths summing to total: max_len first, then lengths drawn in [max_len / 8, max_len], the last one
+    what remains."""
+    g = torch.Generator().manual_seed(seed)
+    lens = [min(max_len, total)]
+    while total - sum(lens) > max_len:
+        lens.append(int(torch.randint(max(1, max_len // 8), max_len + 1, (1,), generator=g)))
+    if total > sum(lens):
+        lens.append(total - sum(lens))
+    return tuple(lens)
+
+
+def _cu_seqlens(lens, device) -> torch.Tensor:
+    return torch.tensor([0, *lens], device=device).cumsum(0).to(torch.int32)
+
+
+def _flashfuse_varlen(case: Case, q, k, v):
+    from flashfuse import flash_attn_varlen_func
+
+    p = case.params
+    cu = _cu_seqlens(p["lens"], q.device)
+    # (1, H, total, D) -> (total, H, D), contiguous, untimed
+    qs, ks, vs = (_swap(t.detach())[0].contiguous().requires_grad_(t.requires_grad) for t in (q, k, v))
+    return Call(lambda: flash_attn_varlen_func(qs, ks, vs, cu, cu, p["S"], p["S"], causal=p["causal"]),
+                leaves=(qs, ks, vs), to_canon=lambda t: _swap(t.unsqueeze(0)), from_canon=lambda t: _swap(t)[0])
+
+
 def _flashfuse(case: Case, q, k, v):
     from flashfuse import flash_attn_func
 
+    if case.params.get("lens"):
+        return _flashfuse_varlen(case, q, k, v)
     causal = case.params["causal"]
     # Its own layout, contiguous, as a flash-attn user would hold it; the copies are made here, untimed.
     qs, ks, vs = (_swap(t.detach()).contiguous().requires_grad_(t.requires_grad) for t in (q, k, v))
@@ -122,7 +158,16 @@ def _flex(static: bool):
             _FLEX[key] = torch.compile(flex_attention, dynamic=False if static else None)
         compiled = _FLEX[key]
         mask = None
-        if p["causal"]:    # built once per shape, here, outside the timed callable
+        if p.get("lens"):    # a packed batch: the document mask (built once per case, outside the timed callable)
+            doc = torch.repeat_interleave(torch.arange(len(p["lens"]), device=q.device),
+                                          torch.tensor(p["lens"], device=q.device))
+            causal = p["causal"]
+
+            def document(b, h, q_idx, kv_idx):
+                same = doc[q_idx] == doc[kv_idx]
+                return same & (q_idx >= kv_idx) if causal else same
+            mask = create_block_mask(document, None, None, q.shape[2], q.shape[2], device=q.device)
+        elif p["causal"]:    # built once per shape, here, outside the timed callable
             mask = create_block_mask(_causal_mask_mod, None, None, p["S"], p["S"], device=q.device)
         if not static:
             for t in (q, k, v):
@@ -201,9 +246,15 @@ def _case(group_kind: str, B, H, S, D, causal, dtype, mode, providers, **extra) 
         name, group = f"progression S={S} {dt}", f"progression B{B} H{H} D{D} {mask} {dt}"
     else:
         name, group = f"long-context {mode} hd{D} {mask} S={S} {dt}", f"long-context hd{D} {mode} {dt}"
+    lens = extra.get("lens")
+    if group_kind == "varlen":
+        name = f"{mode} hd{D} {mask} varlen max={S} {dt}"
+        group = f"varlen hd{D} {'causal' if causal else 'non-causal'} {mode} {dt}"
     return Case(name=name, params=dict(B=B, H=H, S=S, D=D, causal=causal, **extra), dtype=dtype, mode=mode,
-                flops=attention_flops(B, H, S, S, D, causal, mode),
-                bytes=attention_bytes(B, H, S, S, D, elem, mode),
+                flops=(sum(attention_flops(1, H, n, n, D, causal, mode) for n in lens) if lens
+                       else attention_flops(B, H, S, S, D, causal, mode)),
+                bytes=(sum(attention_bytes(1, H, n, n, D, elem, mode) for n in lens) if lens
+                       else attention_bytes(B, H, S, S, D, elem, mode)),
                 group=group, x=S, ceiling="matmul", providers=providers)
 
 
@@ -278,6 +329,12 @@ class Attention(Suite):
                             for S in FA_WIDE_QUICK_SEQLENS if opts.quick else FA_WIDE_SEQLENS:
                                 cases.append(_case("fa", FA_TOKENS // S, round(FA_MODEL_DIM / D), S, D, causal,
                                                    dtype, mode, FA_WIDE_PROVIDERS))
+                for D in FA_HEADDIMS:
+                    for causal in (False, True):
+                        for mode in ("fwd", "bwd"):
+                            for S in FA_VARLEN_QUICK_MAX if opts.quick else FA_VARLEN_MAX:
+                                cases.append(_case("varlen", 1, FA_MODEL_DIM // D, S, D, causal, dtype, mode,
+                                                   VARLEN_PROVIDERS, lens=varlen_lengths(FA_TOKENS, S)))
         return cases
 
     def _progression_cases(self, opts):
@@ -299,16 +356,24 @@ class Attention(Suite):
 
     def make_inputs(self, case, device):
         p = case.params
-        shape = (p["B"], p["H"], p["S"], p["D"])
+        shape = (1, p["H"], sum(p["lens"]), p["D"]) if p.get("lens") else (p["B"], p["H"], p["S"], p["D"])
         return tuple(torch.randn(shape, device=device, dtype=case.dtype) for _ in range(3))
 
     def reference(self, case, q, k, v):
         from flashfuse.reference.attention import attention_ref
 
-        out, _ = attention_ref(_swap(q), _swap(k), _swap(v), causal=case.params["causal"], compute_dtype=None)
+        p = case.params
+        if p.get("lens"):       # one reference per packed sequence
+            ends = _cu_seqlens(p["lens"], "cpu").tolist()
+            return torch.cat([self.reference(case.replace(lens=None), *(t[:, :, a:b] for t in (q, k, v)))
+                              for a, b in zip(ends[:-1], ends[1:])], dim=2)
+        out, _ = attention_ref(_swap(q), _swap(k), _swap(v), causal=p["causal"], compute_dtype=None)
         return _swap(out)
 
     def check_case(self, case):
         p = case.params
+        if p.get("lens"):       # three sequences, the longest at the check's max
+            n = min(p["S"], CHECK_MAX_SEQLEN)
+            return case.replace(H=min(p["H"], CHECK_HEADS), S=n, lens=(n, n // 3 + 1, min(77, n)))
         return case.replace(B=1, H=min(p["H"], CHECK_HEADS), S=min(p["S"], CHECK_MAX_SEQLEN))
 

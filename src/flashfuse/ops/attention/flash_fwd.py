@@ -471,11 +471,19 @@ def tma_compatible(*tensors) -> bool:
 
 
 def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softcap, alibi_slopes, attn_bias,
-                       dropout_p, is_varlen, nheads_q):
-    """The fast kernel's config for this call, or None: the features it leaves out go to the kernel above."""
-    if not FAST_FORWARD or is_varlen or alibi_slopes is not None or attn_bias is not None:
+                       dropout_p, is_varlen, nheads_q, batch=0, max_seqlen_q=0, max_seqlen_k=0):
+    """The fast kernel's config for this call, or None: the features it leaves out go to the kernel above. Varlen
+    (batch sequences of at most max_seqlen_q / k) only on the Gluon kernel, O stored from registers there."""
+    if not FAST_FORWARD or alibi_slopes is not None or attn_bias is not None:
         return None
     if dropout_p > 0.0 or softcap > 0.0:
+        return None
+    if is_varlen:         # the Gluon kernel's alone (flash_fwd_hopper_configs.varlen_config)
+        if (GLUON_FORWARD and q.dtype in (torch.float16, torch.bfloat16) and flash_fwd_hopper.available(q.device)
+                and tma_compatible(q, k, v, out) and flash_fwd_hopper.descriptor_compatible(q, k, v, out)):
+            cfg = flash_fwd_hopper.varlen_config(head_dim, window_right >= 0, window_left >= 0, max_seqlen_q,
+                                                 max_seqlen_k, batch * nheads_q, sm_count(q.device))
+            return None if cfg is None else dict(cfg, GLUON=True)
         return None
     if INTERPRET:                         # the CPU tier also runs fp32 and small head dims through it
         if head_dim not in (16, 32, 64, 128):
@@ -563,13 +571,13 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
         return out, lse.fill_(float("inf"))
 
     fast = _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softcap, alibi_slopes,
-                              attn_bias, dropout_p, is_varlen, nheads_q)
+                              attn_bias, dropout_p, is_varlen, nheads_q, batch, seqlen_q, seqlen_k)
     if fast is not None and fast.pop("GLUON", False):
         return flash_fwd_hopper.hopper_forward(
             q, k, v, out, lse, q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, o_strides=o_strides,
             lse_strides=lse_strides, nheads_q=nheads_q, nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
             qk_scale=softmax_scale * math.log2(math.e), window_right=window_right, bottom_right=bottom_right,
-            config=fast, window_left=window_left)
+            config=fast, window_left=window_left, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     if fast is not None:
         if fast["USE_TMA"] and not INTERPRET:
             ensure_tma_allocator()

@@ -37,12 +37,14 @@ tiles round-robin (session 15: one program got twice another's work), the next t
 the last P V of this one (session 17: slower); session 29: half diagonal blocks for the upper warpgroup, one K / V
 release per block, O stored from registers (benchmarks/NOTES.md).
 
-Scope: the common case, as flash_fwd's fast kernel, plus sliding windows: 16-bit inputs, no dropout / ALiBi /
-softcap / bias / varlen; GQA, a right window (causal) and a left window are in (HAS_LEFT: a tile's key loop starts
-at the block its first row sees, and the blocks before the first key its last row sees get the left mask; session
-37: hd128 causal with 1024 keys of window 311 -> 478 TFLOP/s, hd64 226 -> 340, where the Triton kernels ran it).
-Head dims 64, 128 and 256, and those between (33..256) padded to them by the TMA boxes alone (kernel_head_dim); at 256
-O leaves from registers (O_FROM_REGS: its shared-memory slots do not fit beside Q and K / V).
+Scope: the common case, as flash_fwd's fast kernel, plus sliding windows and varlen: 16-bit inputs, no dropout / ALiBi
+/ softcap / bias; GQA, a right window (causal) and a left window are in (HAS_LEFT: a tile's key loop starts at the
+block its first row sees, and the blocks before the first key its last row sees get the left mask; session 37).
+Varlen (IS_VARLEN, session 39): the descriptors see the packed tensors as one batch entry, a tile reads its sequence's
+bounds from cu_seqlens, row blocks past a sequence's end are skipped and O leaves from registers with its rows masked
+(a TMA box would overwrite the next sequence's first rows). Head dims 64, 128 and 256, and those between (33..256)
+padded to them by the TMA boxes alone (kernel_head_dim); at 256 O leaves from registers (O_FROM_REGS: its
+shared-memory slots do not fit beside Q and K / V). Configs: flash_fwd_hopper_configs.py.
 Gluon is triton's lower-level dialect and its API still moves between releases, so this kernel is used only on the
 release it was written and measured against (GLUON_TRITON); flash_fwd falls back to its Triton kernels everywhere
 else, the CPU interpreter included.
@@ -58,6 +60,8 @@ import triton
 
 from ..._env import INTERPRET
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device, sm_count
+from .flash_fwd_hopper_configs import (HOPPER_CONFIGS, HOPPER_ODD_CAUSAL_CONFIGS, MIN_WAVE,  # noqa: F401
+                                       _WARP_SPECIALIZED, _WIDE, hopper_forward_config, kernel_head_dim, varlen_config)
 
 # The triton release this file's Gluon code is written and GPU-tested against.
 GLUON_TRITON = "3.6."
@@ -144,16 +148,12 @@ if gluon is not None:
         return 2 * n_mine if PAIRED else n_mine
 
     @gluon.jit
-    def _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT: gl.constexpr,
-                 HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr, BLOCK_M: gl.constexpr,
-                 BLOCK_N: gl.constexpr):
-        """This program's k-th tile -> (batch*head, first row, first key block, number of key blocks) (the first key
-        block is 0 but under a left window, HAS_LEFT). The row blocks of one head
-        side by side (K / V reuse in L2), causal heaviest (last) first. PAIRED (persistent causal, an even number
-        n of row blocks): a unit is row blocks n - 1 - i and i of one head, one after the other, so that every unit
-        holds about n + 1 key blocks and the static round-robin over units stays balanced (one tile per unit gave one
-        program twice another's work; causal with all heads' heaviest blocks first measured slower: the K / V in
-        flight no longer fit L2)."""
+    def _ws_row_block(k, n_m_blocks, HAS_RIGHT: gl.constexpr, PAIRED: gl.constexpr):
+        """This program's k-th tile -> (batch*head, row block). The row blocks of one head side by side (K / V reuse
+        in L2), causal heaviest (last) first. PAIRED (persistent causal, an even number n of row blocks): a unit is
+        row blocks n - 1 - i and i of one head, one after the other, so that every unit holds about n + 1 key blocks
+        and the static round-robin over units stays balanced (one tile per unit gave one program twice another's
+        work; causal with all heads' heaviest blocks first measured slower: the K / V in flight no longer fit L2)."""
         if PAIRED:
             t = 2 * (gl.program_id(0) + (k // 2) * gl.num_programs(0)) + k % 2
             i = (t % n_m_blocks) // 2
@@ -163,7 +163,14 @@ if gluon is not None:
             i_m = t % n_m_blocks
             if HAS_RIGHT:
                 i_m = n_m_blocks - 1 - i_m
-        m0 = i_m * BLOCK_M
+        return t // n_m_blocks, i_m
+
+    @gluon.jit
+    def _ws_key_blocks(m0, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT: gl.constexpr,
+                       HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr):
+        """(first key block, number of key blocks) of the row block starting at row m0 (the first key block is 0 but
+        under a left window, HAS_LEFT)."""
         off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
         hi = seqlen_k
         if HAS_RIGHT:
@@ -173,11 +180,25 @@ if gluon is not None:
         if HAS_LEFT:
             j0 = gl.maximum(m0 + off - window_left, 0) // BLOCK_N
         # A block whose rows see no key still runs one block, fully masked: O = 0, lse = +inf.
-        return t // n_m_blocks, m0, j0, gl.maximum(gl.cdiv(hi, BLOCK_N) - j0, 1)
+        return j0, gl.maximum(gl.cdiv(hi, BLOCK_N) - j0, 1)
 
     @gluon.jit
-    def _ws_producer(descs, smem, bars, shape, window_left, window_right, HAS_LEFT: gl.constexpr,
-                     HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+    def _seq_bounds(i_b, cu_seqlens, seqlen_q, seqlen_k, IS_VARLEN: gl.constexpr):
+        """(TMA batch coordinate, first query row, first key row, seqlen_q, seqlen_k) of batch entry i_b: varlen,
+        sequence i_b of the packed [1, total, heads, head_dim] tensors (cu_seqlens: int32 pointers (q, k)); else
+        batch i_b of the call's lengths."""
+        if IS_VARLEN:
+            p_cu_q, p_cu_k = cu_seqlens
+            q_start = gl.load(p_cu_q + i_b)
+            k_start = gl.load(p_cu_k + i_b)
+            b, sq, sk = 0, gl.load(p_cu_q + i_b + 1) - q_start, gl.load(p_cu_k + i_b + 1) - k_start
+        else:
+            b, q_start, k_start, sq, sk = i_b, 0, 0, seqlen_q, seqlen_k
+        return b, q_start, k_start, sq, sk
+
+    @gluon.jit
+    def _ws_producer(descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT: gl.constexpr,
+                     HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                      PAIRED: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr):
         """One warp: per tile, Q into each consumer's slot it % Q_STAGES once that consumer's last Q K^T of the
@@ -192,35 +213,41 @@ if gluon is not None:
         c = 0
         it = 0
         for k in range(_ws_tiles(n_units, PAIRED)):
-            i_bh, m0, j0, n_blocks = _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT,
-                                              HAS_RIGHT, BOTTOM_RIGHT, PAIRED, BLOCK_M, BLOCK_N)
-            i_b = i_bh // nheads_q
+            i_bh, i_m = _ws_row_block(k, n_m_blocks, HAS_RIGHT, PAIRED)
+            m0 = i_m * BLOCK_M
             i_h = i_bh % nheads_q
             i_hk = i_h // group
-            for w in gl.static_range(CONSUMERS):
-                q_slot = w * Q_STAGES + it % Q_STAGES
-                mbarrier.wait(q_empty.index(q_slot), ((it // Q_STAGES) & 1) ^ 1)     # the slots start free
-                mbarrier.expect(q_ready.index(q_slot), ROWS * HEAD_DIM * 2)
-                tma.async_copy_global_to_shared(q_desc, [i_b, m0 + w * ROWS, i_h, 0], q_ready.index(q_slot),
-                                                _tma_box(q_smem.index(q_slot), q_desc))
-            for j in range(n_blocks):
-                slot = (c + j) % NUM_STAGES
-                free_parity = (((c + j) // NUM_STAGES) & 1) ^ 1
-                mbarrier.wait(k_empty.index(slot), free_parity)
-                mbarrier.expect(k_ready.index(slot), tile_bytes)
-                tma.async_copy_global_to_shared(k_desc, [i_b, (j0 + j) * BLOCK_N, i_hk, 0], k_ready.index(slot),
-                                                _tma_box(k_smem.index(slot), k_desc))
-                mbarrier.wait(v_empty.index(slot), free_parity)
-                mbarrier.expect(v_ready.index(slot), tile_bytes)
-                tma.async_copy_global_to_shared(v_desc, [i_b, (j0 + j) * BLOCK_N, i_hk, 0], v_ready.index(slot),
-                                                _tma_box(v_smem.index(slot), v_desc))
-            c += n_blocks
-            it += 1
+            b, q_start, k_start, sq, sk = _seq_bounds(i_bh // nheads_q, cu_seqlens, seqlen_q, seqlen_k, IS_VARLEN)
+            live = True
+            if IS_VARLEN:       # row blocks past this sequence's end (cdiv(max_seqlen_q, BLOCK_M) per sequence)
+                live = m0 < sq
+            if live:
+                j0, n_blocks = _ws_key_blocks(m0, sq, sk, window_left, window_right, HAS_LEFT, HAS_RIGHT,
+                                              BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+                for w in gl.static_range(CONSUMERS):
+                    q_slot = w * Q_STAGES + it % Q_STAGES
+                    mbarrier.wait(q_empty.index(q_slot), ((it // Q_STAGES) & 1) ^ 1)     # the slots start free
+                    mbarrier.expect(q_ready.index(q_slot), ROWS * HEAD_DIM * 2)
+                    tma.async_copy_global_to_shared(q_desc, [b, q_start + m0 + w * ROWS, i_h, 0],
+                                                    q_ready.index(q_slot), _tma_box(q_smem.index(q_slot), q_desc))
+                for j in range(n_blocks):
+                    slot = (c + j) % NUM_STAGES
+                    free_parity = (((c + j) // NUM_STAGES) & 1) ^ 1
+                    mbarrier.wait(k_empty.index(slot), free_parity)
+                    mbarrier.expect(k_ready.index(slot), tile_bytes)
+                    tma.async_copy_global_to_shared(k_desc, [b, k_start + (j0 + j) * BLOCK_N, i_hk, 0],
+                                                    k_ready.index(slot), _tma_box(k_smem.index(slot), k_desc))
+                    mbarrier.wait(v_empty.index(slot), free_parity)
+                    mbarrier.expect(v_ready.index(slot), tile_bytes)
+                    tma.async_copy_global_to_shared(v_desc, [b, k_start + (j0 + j) * BLOCK_N, i_hk, 0],
+                                                    v_ready.index(slot), _tma_box(v_smem.index(slot), v_desc))
+                c += n_blocks
+                it += 1
 
     @gluon.jit
-    def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, window_left, window_right,
-                     qk_scale, WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                     BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr,
+    def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left,
+                     window_right, qk_scale, WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                     BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, PAIRED: gl.constexpr,
                      CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr, SPLIT_PV_WAIT: gl.constexpr,
                      O_FROM_REGS: gl.constexpr):
@@ -232,7 +259,7 @@ if gluon is not None:
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem, o_smem = smem
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
-        nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_units = shape
+        nheads_q, group, max_seqlen_q, max_seqlen_k, n_m_blocks, n_units = shape
         ROWS: gl.constexpr = BLOCK_M // CONSUMERS
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -249,107 +276,121 @@ if gluon is not None:
         c = 0
         it = 0
         for k in range(_ws_tiles(n_units, PAIRED)):
-            i_bh, m0, j0, n_blocks = _ws_tile(k, n_m_blocks, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT,
-                                              HAS_RIGHT, BOTTOM_RIGHT, PAIRED, BLOCK_M, BLOCK_N)
-            q_slot = WG * Q_STAGES + it % Q_STAGES
-            q = q_smem.index(q_slot)
-            row0 = m0 + WG * ROWS
-            full_end = seqlen_k
-            left_full = 0
-            n_mine = n_blocks
-            off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
-            if HAS_LEFT:          # from key left_full on, every row of this warpgroup sees the keys (left side)
-                left_full = gl.minimum(row0 + ROWS, seqlen_q) - 1 + off - window_left
-            if HAS_RIGHT:
-                full_end = gl.minimum(row0 + off + window_right + 1, seqlen_k)
-                if SKIP_UNSEEN:
-                    seen = gl.minimum(gl.minimum(row0 + ROWS, seqlen_q) + off + window_right, seqlen_k)
-                    n_mine = gl.minimum(gl.maximum(gl.cdiv(seen, BLOCK_N) - j0, 1), n_blocks)
-            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-            l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
-            acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+            i_bh, i_m = _ws_row_block(k, n_m_blocks, HAS_RIGHT, PAIRED)
+            m0 = i_m * BLOCK_M
+            q_start, seqlen_q, seqlen_k = 0, max_seqlen_q, max_seqlen_k
+            live = True
+            if IS_VARLEN:       # row blocks past this sequence's end (cdiv(max_seqlen_q, BLOCK_M) per sequence)
+                _, q_start, _, seqlen_q, seqlen_k = _seq_bounds(i_bh // nheads_q, cu_seqlens, max_seqlen_q,
+                                                                max_seqlen_k, IS_VARLEN)
+                live = m0 < seqlen_q
+            if live:
+                j0, n_blocks = _ws_key_blocks(m0, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT,
+                                              BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+                q_slot = WG * Q_STAGES + it % Q_STAGES
+                q = q_smem.index(q_slot)
+                row0 = m0 + WG * ROWS
+                full_end = seqlen_k
+                left_full = 0
+                n_mine = n_blocks
+                off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+                if HAS_LEFT:          # from key left_full on, every row of this warpgroup sees the keys (left side)
+                    left_full = gl.minimum(row0 + ROWS, seqlen_q) - 1 + off - window_left
+                if HAS_RIGHT:
+                    full_end = gl.minimum(row0 + off + window_right + 1, seqlen_k)
+                    if SKIP_UNSEEN:
+                        seen = gl.minimum(gl.minimum(row0 + ROWS, seqlen_q) + off + window_right, seqlen_k)
+                        n_mine = gl.minimum(gl.maximum(gl.cdiv(seen, BLOCK_N) - j0, 1), n_blocks)
+                m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+                l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+                acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
 
-            mbarrier.wait(q_ready.index(q_slot), (it // Q_STAGES) & 1)
-            mbarrier.wait(k_ready.index(c % NUM_STAGES), (c // NUM_STAGES) & 1)
-            s_tok = warpgroup_mma(q, k_smem.index(c % NUM_STAGES).permute((1, 0)), zero_s, use_acc=False,
-                                  is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
-            mbarrier.arrive(k_empty.index(c % NUM_STAGES), count=1)
-            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j0, row0, seqlen_q, seqlen_k, full_end, left_full,
-                                                window_left, window_right, qk_scale, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                                                ROWS, BLOCK_N, s_layout)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            for j in range(1, n_mine):
-                slot = (c + j) % NUM_STAGES
-                prev = (c + j - 1) % NUM_STAGES
-                mbarrier.wait(k_ready.index(slot), ((c + j) // NUM_STAGES) & 1)
-                s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                mbarrier.wait(v_ready.index(prev), ((c + j - 1) // NUM_STAGES) & 1)
-                acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))       # S_j done; P V still running
-                mbarrier.arrive(k_empty.index(slot), count=1)
-                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j0 + j, row0, seqlen_q, seqlen_k, full_end,
-                                                    left_full, window_left, window_right, qk_scale, HAS_LEFT,
-                                                    HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, s_layout)
-                if SPLIT_PV_WAIT and j == -1 - seqlen_q:
-                    # Never taken (seqlen_q >= 0): the branch ends the block that holds the exponentials above. Without
-                    # it ptxas issues the P V wait below at the start of that block (its scheduler places the wgmma
-                    # wait as early as it may), before every exponential, so that this softmax never overlapped its
-                    # own P V (SASS of every config, session 30).
-                    gl.store(p_lse + row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout)), l_i)
-                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
-                mbarrier.arrive(v_empty.index(prev), count=1)
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+                mbarrier.wait(q_ready.index(q_slot), (it // Q_STAGES) & 1)
+                mbarrier.wait(k_ready.index(c % NUM_STAGES), (c // NUM_STAGES) & 1)
+                s_tok = warpgroup_mma(q, k_smem.index(c % NUM_STAGES).permute((1, 0)), zero_s, use_acc=False,
+                                      is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
+                mbarrier.arrive(k_empty.index(c % NUM_STAGES), count=1)
+                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j0, row0, seqlen_q, seqlen_k, full_end, left_full,
+                                                    window_left, window_right, qk_scale, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                                                    ROWS, BLOCK_N, s_layout)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
-            mbarrier.arrive(q_empty.index(q_slot), count=1)      # every Q K^T of this tile is done
-            last = c + n_mine - 1
-            mbarrier.wait(v_ready.index(last % NUM_STAGES), (last // NUM_STAGES) & 1)
-            acc_tok = warpgroup_mma(p_op, v_smem.index(last % NUM_STAGES), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
-            mbarrier.arrive(v_empty.index(last % NUM_STAGES), count=1)
+                for j in range(1, n_mine):
+                    slot = (c + j) % NUM_STAGES
+                    prev = (c + j - 1) % NUM_STAGES
+                    mbarrier.wait(k_ready.index(slot), ((c + j) // NUM_STAGES) & 1)
+                    s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                    mbarrier.wait(v_ready.index(prev), ((c + j - 1) // NUM_STAGES) & 1)
+                    acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                    s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))       # S_j done; P V still running
+                    mbarrier.arrive(k_empty.index(slot), count=1)
+                    p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j0 + j, row0, seqlen_q, seqlen_k, full_end,
+                                                        left_full, window_left, window_right, qk_scale, HAS_LEFT,
+                                                        HAS_RIGHT, BOTTOM_RIGHT, ROWS, BLOCK_N, s_layout)
+                    if SPLIT_PV_WAIT and j == -1 - seqlen_q:
+                        # Never taken (seqlen_q >= 0): the branch ends the block that holds the exponentials above. Without
+                        # it ptxas issues the P V wait below at the start of that block (its scheduler places the wgmma
+                        # wait as early as it may), before every exponential, so that this softmax never overlapped its
+                        # own P V (SASS of every config, session 30).
+                        gl.store(p_lse + row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout)), l_i)
+                    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
+                    mbarrier.arrive(v_empty.index(prev), count=1)
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+                    p_op = gl.convert_layout(p.to(dtype), p_layout)
+                mbarrier.arrive(q_empty.index(q_slot), count=1)      # every Q K^T of this tile is done
+                last = c + n_mine - 1
+                mbarrier.wait(v_ready.index(last % NUM_STAGES), (last // NUM_STAGES) & 1)
+                acc_tok = warpgroup_mma(p_op, v_smem.index(last % NUM_STAGES), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+                mbarrier.arrive(v_empty.index(last % NUM_STAGES), count=1)
 
-            i_b = i_bh // nheads_q
-            i_h = i_bh % nheads_q
-            empty = l_i == 0.0
-            l_safe = gl.where(empty, 1.0, l_i)
-            lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / _LOG2E)
-            rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-            gl.store(p_lse + i_b.to(gl.int64) * stride_lse_b + i_h.to(gl.int64) * stride_lse_h + rows, lse,
-                     mask=rows < seqlen_q)
-            out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
-            if O_FROM_REGS:
-                p_out, stride_o_b, stride_o_s, stride_o_h, head_dim = o_out
-                o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-                o_row_ids = row0 + gl.arange(0, ROWS, layout=o_rows)
-                offs = (i_b.to(gl.int64) * stride_o_b + i_h.to(gl.int64) * stride_o_h
-                        + gl.expand_dims(o_row_ids.to(gl.int64) * stride_o_s, 1) + gl.expand_dims(o_cols, 0))
-                gl.store(p_out + offs, out.to(dtype),
-                         mask=gl.expand_dims(o_row_ids < seqlen_q, 1) & gl.expand_dims(o_cols < head_dim, 0))
-            else:
-                o_buf = o_smem.index(WG)
-                tma.store_wait(pendings=0)       # the previous tile's O has left o_buf
-                o_buf.store(out.to(dtype))
-                fence_async_shared()
-                gl.thread_barrier()
-                tma.async_copy_shared_to_global(o_desc, [i_b, row0, i_h, 0], _tma_box(o_buf, o_desc))  # rows past seqlen_q dropped
-            if SKIP_UNSEEN:
-                for j in range(n_mine, n_blocks):
-                    # Released once loaded: the slot's previous use has then been released by every warpgroup, so
-                    # this arrival cannot count toward it.
-                    u = c + j
-                    mbarrier.wait(k_ready.index(u % NUM_STAGES), (u // NUM_STAGES) & 1)
-                    mbarrier.arrive(k_empty.index(u % NUM_STAGES), count=1)
-                    mbarrier.wait(v_ready.index(u % NUM_STAGES), (u // NUM_STAGES) & 1)
-                    mbarrier.arrive(v_empty.index(u % NUM_STAGES), count=1)
-            c += n_blocks
-            it += 1
+                # (computed here, not before the key loop: live across it they cost 2-3% at hd128 causal 4K keys)
+                i_b = i_bh // nheads_q           # varlen: the lse / out batch strides are 0
+                i_h = i_bh % nheads_q
+                empty = l_i == 0.0
+                l_safe = gl.where(empty, 1.0, l_i)
+                lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / _LOG2E)
+                rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+                gl.store(p_lse + i_b.to(gl.int64) * stride_lse_b + i_h.to(gl.int64) * stride_lse_h + q_start + rows,
+                         lse, mask=rows < seqlen_q)
+                out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
+                if O_FROM_REGS:
+                    p_out, stride_o_b, stride_o_s, stride_o_h, head_dim = o_out
+                    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+                    o_row_ids = row0 + gl.arange(0, ROWS, layout=o_rows)
+                    offs = (i_b.to(gl.int64) * stride_o_b + i_h.to(gl.int64) * stride_o_h
+                            + gl.expand_dims((q_start + o_row_ids).to(gl.int64) * stride_o_s, 1)
+                            + gl.expand_dims(o_cols, 0))
+                    gl.store(p_out + offs, out.to(dtype),
+                             mask=gl.expand_dims(o_row_ids < seqlen_q, 1) & gl.expand_dims(o_cols < head_dim, 0))
+                else:
+                    o_buf = o_smem.index(WG)
+                    tma.store_wait(pendings=0)       # the previous tile's O has left o_buf
+                    o_buf.store(out.to(dtype))
+                    fence_async_shared()
+                    gl.thread_barrier()
+                    # rows past seqlen_q dropped (not varlen: there they are the next sequence's)
+                    tma.async_copy_shared_to_global(o_desc, [i_b, row0, i_h, 0], _tma_box(o_buf, o_desc))
+                if SKIP_UNSEEN:
+                    for j in range(n_mine, n_blocks):
+                        # Released once loaded: the slot's previous use has then been released by every warpgroup, so
+                        # this arrival cannot count toward it.
+                        u = c + j
+                        mbarrier.wait(k_ready.index(u % NUM_STAGES), (u // NUM_STAGES) & 1)
+                        mbarrier.arrive(k_empty.index(u % NUM_STAGES), count=1)
+                        mbarrier.wait(v_ready.index(u % NUM_STAGES), (u // NUM_STAGES) & 1)
+                        mbarrier.arrive(v_empty.index(u % NUM_STAGES), count=1)
+                c += n_blocks
+                it += 1
         tma.store_wait(pendings=0)
 
     @gluon.jit
     def _flash_fwd_hopper_kernel(
         q_desc, k_desc, v_desc, o_desc, p_lse, stride_lse_b, stride_lse_h, p_out, stride_o_b, stride_o_s, stride_o_h,
-        head_dim, nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_left, window_right, n_units,
-        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
+        head_dim, p_cu_seqlens_q, p_cu_seqlens_k, nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_left,
+        window_right, n_units,
+        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
+        PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
         Q_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         SPLIT_PV_WAIT: gl.constexpr, O_FROM_REGS: gl.constexpr, num_warps: gl.constexpr,
@@ -393,141 +434,36 @@ if gluon is not None:
         bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
         shape = (nheads_q, group, seqlen_q, seqlen_k, gl.cdiv(seqlen_q, BLOCK_M), n_units)
         o_out = (p_out, stride_o_b, stride_o_s, stride_o_h, head_dim)
+        cu_seqlens = (p_cu_seqlens_q, p_cu_seqlens_k)
         if CONSUMERS == 2:
             gl.warp_specialize([
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, window_left, window_right, qk_scale, 0,
-                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 0,
+                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                 Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS)),
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, window_left, window_right, qk_scale, 1,
-                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 1,
+                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                 Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS)),
-                (_ws_producer, (descs, smem, bars, shape, window_left, window_right, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
+                (_ws_producer, (descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT, HAS_RIGHT,
+                                BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
             ], [4, 1], [CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, window_left, window_right, qk_scale, 0,
-                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 0,
+                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                 Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS)),
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, window_left, window_right, qk_scale, 1,
-                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 1,
+                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                 Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS)),
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, window_left, window_right, qk_scale, 2,
-                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 2,
+                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                 Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS)),
-                (_ws_producer, (descs, smem, bars, shape, window_left, window_right, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, PAIRED, CONSUMERS, BLOCK_M,
+                (_ws_producer, (descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT, HAS_RIGHT,
+                                BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
     _launch_forward = LaunchCache(_flash_fwd_hopper_kernel)
-
-_WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_STAGES=2, num_warps=4, CONSUMER_REGS=240,
-                         SPLIT_PV_WAIT=False, O_FROM_REGS=False)
-
-# (head dim, right window / causal) -> ((shortest key loop, config), ...): where this kernel measured faster than
-# flash_fwd's (bf16, 16384 tokens, model dim 2048, CUDA-graph timed; the numbers are in benchmarks/NOTES.md under each
-# session and in this file's history). A call takes the last entry whose key loop is at most seqlen_k.
-# - hd128 without a mask: persistent, two Q slots (session 17, H200: 513-620 TFLOP/s at S = 512..16K, one slot 461-605,
-#   cuDNN 472-602).
-# - hd128 causal: paired row blocks, one Q slot (session 17: 297-597, cuDNN 315-554); below 1K keys 64-key tiles with
-#   3 stages and two Q slots, the lower warpgroup releasing the tile's unseen last block unread (session 27, H100: 328
-#   vs 282 at S = 512); from 2K keys SPLIT_PV_WAIT, the softmax overlapping its own P V (session 30: +1-2% there,
-#   0.5-5% slower at every other entry).
-# - hd64 without a mask: two Q slots (session 17: 385-450, cuDNN 366-452); three consumer warpgroups (192-row tiles,
-#   160 registers each) from 8K (475 / 478).
-# - hd64 causal: 64-key tiles with 3 stages below 1K keys (session 23, H100: 255 vs 218 at 512), 128-key tiles with a
-#   third stage at 1K (session 29: 307 vs 297 / 302), two stages from 2K.
-# - Head dims padded to 256: _WIDE below (session 38).
-# Tried and dropped (sessions 15-31): the next tile's first Q K^T beside this tile's last P V, the key loop split at
-# its first masked block, three consumers causal (ptxas spills 408 bytes), 128 x 64 key tiles elsewhere, 4 stages,
-# ping-pong turns, per-warp K / V releases. ptxas, two consumers: 168 registers at launch (12 warps), 240 per consumer
-# warpgroup, no spill (16 bytes at hd128 causal); 225 KB of shared memory at hd128 with two Q slots. Three: 128 at
-# launch (16 warps), 160 per consumer.
-_THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_REGS=160)
-# Head dims padded to 256 (session 38): Q 2 x 32 KB and K / V 2 x 2 x 32 KB fill 192 KB of shared memory, so one Q slot
-# per consumer, 64-key tiles and O stored from registers.
-# H100, S = 1K / 2K / 4K, CUDA-graph timed (`results/h100-2026-11-24-s38/c2`): hd256 513 / 571 / 603 (causal 392 /
-# 488 / 550) vs Triton's 362 / 377 / 392 and cuDNN's 574 / 615 / 623; hd160 368 / 407 / 418 vs 301 / 342 / 365 (cuDNN
-# 470-511).
-_WIDE = dict(_WARP_SPECIALIZED, BLOCK_N=64, Q_STAGES=1, O_FROM_REGS=True)
-HOPPER_CONFIGS = {
-    (64, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
-    (64, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
-                 (1024, dict(_WARP_SPECIALIZED, PERSISTENT=True, NUM_STAGES=3)),
-                 (2048, dict(_WARP_SPECIALIZED, PERSISTENT=True))),
-    (128, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
-    (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
-                  (1024, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1)),
-                  (2048, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1, SPLIT_PV_WAIT=True))),
-    (256, False): ((512, dict(_WIDE, PERSISTENT=True)), ),
-    (256, True): ((512, dict(_WIDE, PERSISTENT=True)), ),
-}
-# Causal with an odd number of row blocks (no pairs): one tile per program, heaviest first, where it measured faster
-# than Triton's kernel (sessions 15-17: hd128 from 512 keys, hd64 from 4096).
-HOPPER_ODD_CAUSAL_CONFIGS = {
-    64: ((4096, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
-    128: ((512, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
-    256: ((512, dict(_WIDE, PERSISTENT=False)), ),
-}
-
-
-# Grids: this kernel from MIN_WAVE waves of tiles (BLOCK_M rows of one head), persistent from MIN_WAVE waves of units
-# (causal pairs two tiles per unit), one tile per program in between. Measured on an H100 (session 23, `results/
-# h100-2026-11-23-s23/c1`, CUDA-graph timed, TFLOP/s, persistent / one tile per program / flash_fwd's pointer kernel /
-# cuDNN): B1 H32 hd128 causal S = 1024 (256 tiles, 128 units) 414 / 275 / 161 / 276, S = 512 (128 tiles, 64 units)
-# 144 / 180 / 158 / 169; B1 H32 hd128 S = 512 (128 tiles) 374 / 380 / 306 / 347, S = 1024 555 / 491 / 255 / 516;
-# B1 H16 hd64 S = 2048 (256 tiles) 422 / 401 / 337 / 417, S = 512 (64 tiles) 118 / 120 / 129 / 116: half a wave of
-# 128-row tiles stays with the pointer kernel's 64-row ones.
-MIN_WAVE = 0.9
-
-
-def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, programs_per_row_block: int,
-                          num_sms: int, left_window: bool = False):
-    """This file's config for a call, or None where flash_fwd's kernels measured faster: head dims and masks
-    without a HOPPER_CONFIGS entry, key loops shorter than the entry's, grids under MIN_WAVE waves of tiles. Causal
-    calls whose row blocks do not pair up take HOPPER_ODD_CAUSAL_CONFIGS; persistent configs whose units fill under
-    MIN_WAVE waves run one tile per program. A left window takes two consumer warpgroups (three spill 160 bytes with
-    its mask, ptxas offline, session 37)."""
-    config = _table_entry(HOPPER_CONFIGS.get((kernel_head_dim(head_dim), causal), ()), seqlen_k)
-    if config is not None and causal and cdiv(seqlen_q, config["BLOCK_M"]) % 2:
-        config = _table_entry(HOPPER_ODD_CAUSAL_CONFIGS.get(kernel_head_dim(head_dim), ()), seqlen_k)
-    if config is None:
-        return None
-    if left_window and config["CONSUMERS"] == 3:
-        config = dict(config, **{key: _WARP_SPECIALIZED[key] for key in ("CONSUMERS", "BLOCK_M", "CONSUMER_REGS")})
-    tiles = cdiv(seqlen_q, config["BLOCK_M"]) * programs_per_row_block
-    if tiles < MIN_WAVE * num_sms:
-        return None
-    units = tiles // 2 if causal and config["PERSISTENT"] else tiles
-    if config["PERSISTENT"] and units < MIN_WAVE * num_sms:
-        return dict(config, PERSISTENT=False, Q_STAGES=1)
-    return dict(config)
-
-
-def kernel_head_dim(head_dim: int) -> Optional[int]:
-    """The head dim that this file's kernel and flash_bwd_hopper's compute with for inputs of head_dim: 64 for 33..64,
-    128 for 65..128, 256 for 129..256, else None (the tables have those three). The descriptors keep the tensors' own
-    head dim with boxes of the kernel's, so TMA zero-fills the padding columns on loads and drops them on stores: no
-    copies, and zero columns add nothing to Q K^T, P V or any gradient. SD's head dims 40, 80 and 160 and DiT's 72 run
-    so (Triton's kernels there, H100, S = 2048: forward 0.67-0.90x cuDNN, backward 0.39-0.82x at 40..96 and 0.46x at
-    160; sessions 36 and 38)."""
-    if 32 < head_dim <= 64:
-        return 64
-    if 64 < head_dim <= 128:
-        return 128
-    if 128 < head_dim <= 256:
-        return 256
-    return None
-
-
-def _table_entry(entries, seqlen_k: int):
-    """The config of the last (shortest key loop, config) entry whose key loop is at most seqlen_k, or None."""
-    config = None
-    for min_seqlen_k, entry in entries:
-        if seqlen_k >= min_seqlen_k:
-            config = entry
-    return config
-
 
 def _smem_layout(block_shape, dtype):
     return _smem_layout_cached(tuple(block_shape), dtype)
@@ -550,15 +486,19 @@ def sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype, box_d
 
 
 def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
-                   nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config, window_left=-1):
+                   nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config, window_left=-1,
+                   cu_seqlens_q=None, cu_seqlens_k=None):
     """Launch on validated inputs (flash_fwd's fast-path checks, TMA alignment included) through the plan kept for
-    this call signature (_ForwardPlan)."""
+    this call signature (_ForwardPlan). Varlen (cu_seqlens_q / k, int32): q / k / v / out (total, heads, head_dim),
+    seqlen_q / k the max_seqlen arguments, lse (heads, total_q); the config must store O from registers (rows past a
+    sequence's end are the next sequence's: no TMA store may cover them)."""
     key = (q.shape, k.shape, q_strides, k_strides, v_strides, o_strides, lse_strides, q.dtype, window_left,
-           window_right, bottom_right, tuple(config.items()), launch_device(), sm_count(q.device))
+           window_right, bottom_right, tuple(config.items()), launch_device(), sm_count(q.device),
+           None if cu_seqlens_q is None else (cu_seqlens_q.numel(), seqlen_q, seqlen_k))
     plan = _PLANS.get(key, lambda: _ForwardPlan(q, k, nheads_q, nheads_k, seqlen_q, seqlen_k, q_strides, k_strides,
                                                  v_strides, o_strides, lse_strides, window_left, window_right,
-                                                 bottom_right, config))
-    plan(q, k, v, out, lse, qk_scale)
+                                                 bottom_right, config, cu_seqlens_q))
+    plan(q, k, v, out, lse, qk_scale, cu_seqlens_q, cu_seqlens_k)
     return out, lse
 
 
@@ -571,8 +511,16 @@ class _ForwardPlan:
     what short calls are bound by on a slow host (benchmarks/NOTES.md, session 23)."""
 
     def __init__(self, q, k, nheads_q, nheads_k, seqlen_q, seqlen_k, q_strides, k_strides, v_strides, o_strides,
-                 lse_strides, window_left, window_right, bottom_right, config):
+                 lse_strides, window_left, window_right, bottom_right, config, cu_seqlens_q=None):
         head_dim, batch = q.shape[-1], q.shape[0]
+        is_varlen = cu_seqlens_q is not None
+        # Varlen: the descriptors see the packed tensors as one batch entry [1, total, heads, head_dim] (the unit
+        # dimension's stride any nonzero multiple of 16 bytes); the kernel offsets each sequence's rows.
+        rows_q, rows_k = (q.shape[0], k.shape[0]) if is_varlen else (seqlen_q, seqlen_k)
+        if is_varlen:
+            batch = cu_seqlens_q.numel() - 1
+            q_strides, k_strides, v_strides, o_strides = ((t[1] * n, *t[1:]) for t, n in (
+                (q_strides, rows_q), (k_strides, rows_k), (v_strides, rows_k), (o_strides, rows_q)))
         kernel_dim = kernel_head_dim(head_dim) or head_dim
         cfg = dict(config)
         block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
@@ -587,21 +535,26 @@ class _ForwardPlan:
         # must swizzle alike.
         assert all(_smem_layout([1, box, 1, kernel_dim], q.dtype).swizzle_byte_width
                    == _smem_layout([box, kernel_dim], q.dtype).swizzle_byte_width for box in (rows, block_n))
-        self.descriptors = [sequence_geometry(batch, seqlen, heads, head_dim, strides, box, q.dtype, kernel_dim)
-                            for seqlen, heads, strides, box in ((seqlen_q, nheads_q, q_strides, rows),
-                                                                (seqlen_k, nheads_k, k_strides, block_n),
-                                                                (seqlen_k, nheads_k, v_strides, block_n),
-                                                                (seqlen_q, nheads_q, o_strides, rows))]
+        self.descriptors = [sequence_geometry(1 if is_varlen else batch, seqlen, heads, head_dim, strides, box,
+                                              q.dtype, kernel_dim)
+                            for seqlen, heads, strides, box in ((rows_q, nheads_q, q_strides, rows),
+                                                                (rows_k, nheads_k, k_strides, block_n),
+                                                                (rows_k, nheads_k, v_strides, block_n),
+                                                                (rows_q, nheads_q, o_strides, rows))]
         self.lse_strides = tuple(lse_strides)
-        self.o_args = (*o_strides[:3], head_dim)          # O_FROM_REGS: out's strides and true head dim
+        self.o_args = (0 if is_varlen else o_strides[0], *o_strides[1:3], head_dim)  # O_FROM_REGS: out's strides
+                                                                                      # and true head dim
         self.sizes = (nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k)
         self.window = (window_left, window_right, n_units)
         self.launch = Launch(_launch_forward, grid, self.descriptors, HAS_LEFT=window_left >= 0,
                              HAS_RIGHT=window_right >= 0,
-                             BOTTOM_RIGHT=bottom_right, PAIRED=paired, BLOCK_M=block_m, BLOCK_N=block_n,
+                             BOTTOM_RIGHT=bottom_right, IS_VARLEN=is_varlen, PAIRED=paired, BLOCK_M=block_m,
+                             BLOCK_N=block_n,
                              HEAD_DIM=kernel_dim,
                              Q_SMEM=_smem_layout([rows, kernel_dim], q.dtype),
                              KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype), **cfg)
 
-    def __call__(self, q, k, v, out, lse, qk_scale):
-        self.launch(q, k, v, out, lse, *self.lse_strides, out, *self.o_args, *self.sizes, qk_scale, *self.window)
+    def __call__(self, q, k, v, out, lse, qk_scale, cu_seqlens_q=None, cu_seqlens_k=None):
+        cu_q, cu_k = (lse, lse) if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k)
+        self.launch(q, k, v, out, lse, *self.lse_strides, out, *self.o_args, cu_q, cu_k, *self.sizes, qk_scale,
+                    *self.window)

@@ -1,0 +1,8 @@
+export PYTHONPATH=$PWD/src
+python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 tests/test_flash_attn_varlen_gpu.py tests/test_flash_attn_gpu.py tests/test_flash_attn_window_gpu.py tests/test_flash_attn_wide_gpu.py tests/test_launch_cache.py -k "not slow" 2>&1 | grep -v "Warning\|warner" | tail -15 | tee $OUT/gpu_tests.log
+python3 .gpu/varlen_ab.py 2>&1 | tee $OUT/varlen_ab.log
+python3 -m flashfuse.cli bench attention --only "varlen" --out $OUT/bench --no-progress 2>&1 | tail -24
+for r in 1 2; do
+  PYTHONPATH=$PWD/.gpu/old_src/src python3 .gpu/fwd_rates.py old 2>&1 | grep -v Warn | tee -a $OUT/ab.log
+  PYTHONPATH=$PWD/src python3 .gpu/fwd_rates.py new 2>&1 | grep -v Warn | tee -a $OUT/ab.log
+done

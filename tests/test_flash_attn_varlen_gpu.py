@@ -1,0 +1,92 @@
+"""Varlen forward on Hopper's Gluon kernel, GPU tier (`pytest -m gpu`): packed sequences of random lengths (an empty
+one, a length-1 one, lengths q != k, rows that see no key) through flash_attn_varlen_func must launch the Gluon forward
+(flash_fwd_hopper, O stored from registers so no row of the next sequence is overwritten) and match flash-attn's
+semantics per sequence (out, lse and every gradient against an fp32 reference; the backward is flash_bwd's grid).
+The other varlen cases (ALiBi, softcap, dropout: the Triton kernels) are test_flash_attn_gpu.py's VARLEN_CASES."""
+
+from functools import partial
+
+import pytest
+import torch
+
+from attention_utils import assert_zero_rows, check_attention, cu_seqlens, no_key_rows_varlen, rand, varlen_ref
+from flashfuse import flash_attn_varlen_func
+from flashfuse.ops.attention import flash_fwd_hopper
+
+pytestmark = pytest.mark.gpu
+
+F16, BF16 = torch.float16, torch.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32_reference():
+    """The fp32 reference must use full fp32 matmuls, not TF32."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+# (seed, dtype, headdim, (nheads_q, nheads_k), max length, same lengths for q and k, options): each a config of the
+# Gluon table at its max length (64-key tiles below 1K keys, paired row blocks, an odd row-block count, 256 columns).
+CASES = [
+    pytest.param(1, BF16, 128, (16, 16), 2048, True, {"causal": True}, id="causal-bf16-d128-paired"),
+    pytest.param(2, F16, 64, (8, 2), 4096, True, {}, id="gqa-fp16-d64-4k"),        # (hd64 unmasked: from 4K keys)
+    pytest.param(3, BF16, 80, (16, 2), 1300, False, {"causal": True, "window_size": (256, 0)},
+                 id="window-gqa-bf16-d80"),
+    pytest.param(4, BF16, 128, (16, 16), 1150, False, {"causal": True}, id="causal-odd-blocks-bf16-d128"),
+    pytest.param(5, F16, 64, (24, 8), 900, True, {"causal": True}, id="causal-64-key-tiles-fp16-d64"),
+    pytest.param(6, BF16, 256, (16, 8), 1100, False, {"causal": True}, id="causal-gqa-bf16-d256"),
+    pytest.param(7, BF16, 160, (16, 16), 1024, False, {}, id="bf16-d160"),
+]
+
+
+@pytest.mark.parametrize("seed, dtype, headdim, heads, max_len, same, opts", CASES)
+def test_varlen_gluon_forward_gpu(monkeypatch, seed, dtype, headdim, heads, max_len, same, opts):
+    """Eight random lengths in [1, max_len] plus max_len itself, a length-1 query and an empty sequence; with
+    separate key lengths some queries (causal, bottom-right) see no key: their rows are 0, lse +inf."""
+    if not flash_fwd_hopper.available(torch.device("cuda")):
+        pytest.skip("flash_fwd_hopper needs sm_90 and triton " + flash_fwd_hopper.GLUON_TRITON)
+    calls = []
+    launch = flash_fwd_hopper.hopper_forward
+    monkeypatch.setattr(flash_fwd_hopper, "hopper_forward",
+                        lambda *a, **kw: calls.append(kw.get("cu_seqlens_q") is not None) or launch(*a, **kw))
+    g = torch.Generator().manual_seed(seed)
+    lens_q = torch.randint(1, max_len + 1, (8,), generator=g).tolist() + [max_len, 1, 0]
+    lens_k = lens_q if same else torch.randint(1, max_len + 1, (8,), generator=g).tolist() + [max_len // 3, 700, 0]
+    (nheads_q, nheads_k), total_q, total_k = heads, sum(lens_q), sum(lens_k)
+    q = rand(total_q, nheads_q, headdim, dtype=dtype, device="cuda")
+    k = rand(total_k, nheads_k, headdim, dtype=dtype, device="cuda")
+    v = rand(total_k, nheads_k, headdim, dtype=dtype, device="cuda")
+    cu_q, cu_k = cu_seqlens(lens_q, "cuda"), cu_seqlens(lens_k, "cuda")
+    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_attn_probs=True,
+                                         **opts)
+    assert calls == [True], "the varlen forward did not take the Gluon kernel"
+    assert lse.shape == (nheads_q, total_q)
+    grads, (_, ref_lse, _) = check_attention(partial(varlen_ref, cu_q=cu_q, cu_k=cu_k, **opts),
+                                             {"q": q, "k": k, "v": v}, out, lse=lse, ref_dtype=torch.float32)
+    empty = no_key_rows_varlen(ref_lse)
+    if not same and opts.get("causal"):
+        assert empty.any()                # the max_len query over max_len // 3 keys
+    assert_zero_rows("out", out.detach(), empty)
+    assert_zero_rows("dq", grads["q"], empty)
+
+
+def test_varlen_gluon_forward_repeats_gpu():
+    """Programs write only their own sequence's rows: two calls over the same packed batch give the same bits, and a
+    sequence's output does not change when its neighbours' inputs do (rows past a sequence's end are the next one's;
+    a TMA store of a whole 64-row box there would overwrite them)."""
+    if not flash_fwd_hopper.available(torch.device("cuda")):
+        pytest.skip("flash_fwd_hopper needs sm_90 and triton " + flash_fwd_hopper.GLUON_TRITON)
+    lens = [1000, 37, 1500, 129, 2048, 1, 700, 64, 1999]
+    cu = cu_seqlens(lens, "cuda")
+    q, k, v = (rand(sum(lens), 16, 128, dtype=BF16, device="cuda", requires_grad=False) for _ in range(3))
+    first = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    assert torch.equal(first, flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True))
+    start, end = cu[2].item(), cu[3].item()            # the third sequence, its neighbours' inputs changed
+    q2, k2, v2 = (t.clone() for t in (q, k, v))
+    for t in (q2, k2, v2):
+        t[:start] = torch.randn_like(t[:start])
+        t[end:] = torch.randn_like(t[end:])
+    second = flash_attn_varlen_func(q2, k2, v2, cu, cu, max(lens), max(lens), causal=True)
+    assert torch.equal(first[start:end], second[start:end])
