@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import pytest
 import torch
 
 from flashfuse.reference.attention import attention_ref
@@ -45,6 +46,16 @@ LSE_RTOL = 4e-6
 # ----------------------------------------------------------------------------------------------------
 # Inputs and layouts
 # ----------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def exact_fp32_reference():
+    """For the GPU files' fp32 references (``pytestmark = pytest.mark.usefixtures("exact_fp32_reference")``, the
+    fixture imported into the module): full fp32 matmuls, not TF32."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
 
 def rand(*shape, dtype, device, requires_grad=True, scale=1.0):
     """Standard-normal leaf tensor (times ``scale``)."""

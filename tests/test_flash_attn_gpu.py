@@ -16,25 +16,16 @@ import torch
 import triton
 
 from attention_utils import (alibi_slopes, assert_finite, assert_zero_rows, check_attention, cu_seqlens,
-                             dropout_mask_for, flash_ref, no_key_rows_flash, no_key_rows_varlen, rand,
-                             rand_qkv, sdpa_ref, varlen_ref)
+                             dropout_mask_for, exact_fp32_reference, flash_ref, no_key_rows_flash,  # noqa: F401
+                             no_key_rows_varlen, rand, rand_qkv, sdpa_ref, varlen_ref)
 from flashfuse import (flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
                        scaled_dot_product_attention)
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_reference")]
 
 F16, BF16 = torch.float16, torch.bfloat16
 MHA, GQA, MQA = (6, 6), (6, 2), (6, 1)                     # (nheads_q, nheads_k)
 REF = torch.float32                                        # reference dtype on the GPU (see the docstring)
-
-
-@pytest.fixture(autouse=True)
-def _exact_fp32_reference():
-    """The fp32 reference must use full fp32 matmuls, not TF32."""
-    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def _options(opts, batch, nheads_q):

@@ -9,22 +9,14 @@ from functools import partial
 import pytest
 import torch
 
-from attention_utils import assert_zero_rows, check_attention, cu_seqlens, no_key_rows_varlen, rand, varlen_ref
+from attention_utils import (assert_zero_rows, check_attention, cu_seqlens, exact_fp32_reference,  # noqa: F401
+                             no_key_rows_varlen, rand, varlen_ref)
 from flashfuse import flash_attn_varlen_func
 from flashfuse.ops.attention import flash_fwd_hopper
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_reference")]
 
 F16, BF16 = torch.float16, torch.bfloat16
-
-
-@pytest.fixture(autouse=True)
-def _exact_fp32_reference():
-    """The fp32 reference must use full fp32 matmuls, not TF32."""
-    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 # (seed, dtype, headdim, (nheads_q, nheads_k), max length, same lengths for q and k, options): each a config of the
