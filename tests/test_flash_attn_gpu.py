@@ -647,7 +647,7 @@ def test_hopper_backward_gpu(monkeypatch, headdim, dtype, seqlens, heads, opts):
     _require_gluon()
     monkeypatch.setattr(flash_bwd, "_flash_bwd_kernel", None)
     q, k, v = rand_qkv(2, *seqlens, *heads, headdim, dtype=dtype, device="cuda")
-    assert flash_bwd._hopper_plan(q, q, k, v, deterministic=False, is_varlen=False, extras=False) is not None
+    assert flash_bwd._hopper_plan(q, q, k, v, deterministic=False, extras=False) is not None
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
     grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse,
                                              ref_dtype=REF)
@@ -695,7 +695,7 @@ def test_hopper_backward_fp32_grads_gpu(headdim):
     dout = torch.randn_like(q)
     opts = dict(softmax_scale=headdim ** -0.5, window_right=100, bottom_right=False)
     out, lse = flash_attn_forward(q, k, v, **opts)
-    assert flash_bwd._hopper_plan(dout, q, k, v, deterministic=False, is_varlen=False, extras=False) is not None
+    assert flash_bwd._hopper_plan(dout, q, k, v, deterministic=False, extras=False) is not None
     dq16, dk16, dv16 = flash_bwd.flash_attn_backward(dout, q, k, v, out, lse, **opts)
     dq32, dk32, dv32 = flash_bwd.flash_attn_backward(dout, q, k, v, out, lse, fp32_grads=True, **opts)
     assert dq32.dtype == dk32.dtype == dv32.dtype == torch.float32

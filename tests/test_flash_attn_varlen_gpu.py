@@ -1,8 +1,9 @@
-"""Varlen forward on Hopper's Gluon kernel, GPU tier (`pytest -m gpu`): packed sequences of random lengths (an empty
-one, a length-1 one, lengths q != k, rows that see no key) through flash_attn_varlen_func must launch the Gluon forward
-(flash_fwd_hopper, O stored from registers so no row of the next sequence is overwritten) and match flash-attn's
-semantics per sequence (out, lse and every gradient against an fp32 reference; the backward is flash_bwd's grid).
-The other varlen cases (ALiBi, softcap, dropout: the Triton kernels) are test_flash_attn_gpu.py's VARLEN_CASES."""
+"""Varlen on Hopper's Gluon kernels, GPU tier (`pytest -m gpu`): packed sequences of random lengths (an empty one, a
+length-1 one, lengths q != k, rows that see no key) through flash_attn_varlen_func must launch the Gluon forward
+(flash_fwd_hopper, O stored from registers so no row of the next sequence is overwritten) and backward
+(flash_bwd_hopper: rows past a sequence's end masked, its last dK / dV block stored from registers; at 256 the dQ
+pass) and match flash-attn's semantics per sequence (out, lse and every gradient against an fp32 reference). The
+other varlen cases (ALiBi, softcap, dropout: the Triton kernels) are test_flash_attn_gpu.py's VARLEN_CASES."""
 
 from functools import partial
 
@@ -12,7 +13,7 @@ import torch
 from attention_utils import (assert_zero_rows, check_attention, cu_seqlens, exact_fp32_reference,  # noqa: F401
                              no_key_rows_varlen, rand, varlen_ref)
 from flashfuse import flash_attn_varlen_func
-from flashfuse.ops.attention import flash_fwd_hopper
+from flashfuse.ops.attention import flash_bwd_hopper, flash_fwd_hopper
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_reference")]
 
@@ -40,9 +41,9 @@ def test_varlen_gluon_forward_gpu(monkeypatch, seed, dtype, headdim, heads, max_
     if not flash_fwd_hopper.available(torch.device("cuda")):
         pytest.skip("flash_fwd_hopper needs sm_90 and triton " + flash_fwd_hopper.GLUON_TRITON)
     calls = []
-    launch = flash_fwd_hopper.hopper_forward
-    monkeypatch.setattr(flash_fwd_hopper, "hopper_forward",
-                        lambda *a, **kw: calls.append(kw.get("cu_seqlens_q") is not None) or launch(*a, **kw))
+    for module, name in ((flash_fwd_hopper, "hopper_forward"), (flash_bwd_hopper, "hopper_backward")):
+        monkeypatch.setattr(module, name, lambda *a, _launch=getattr(module, name), _name=name, **kw: calls.append(
+            (_name, kw.get("cu_seqlens_q") is not None)) or _launch(*a, **kw))
     g = torch.Generator().manual_seed(seed)
     lens_q = torch.randint(1, max_len + 1, (8,), generator=g).tolist() + [max_len, 1, 0]
     lens_k = lens_q if same else torch.randint(1, max_len + 1, (8,), generator=g).tolist() + [max_len // 3, 700, 0]
@@ -53,10 +54,11 @@ def test_varlen_gluon_forward_gpu(monkeypatch, seed, dtype, headdim, heads, max_
     cu_q, cu_k = cu_seqlens(lens_q, "cuda"), cu_seqlens(lens_k, "cuda")
     out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_attn_probs=True,
                                          **opts)
-    assert calls == [True], "the varlen forward did not take the Gluon kernel"
+    assert calls == [("hopper_forward", True)], "the varlen forward did not take the Gluon kernel"
     assert lse.shape == (nheads_q, total_q)
     grads, (_, ref_lse, _) = check_attention(partial(varlen_ref, cu_q=cu_q, cu_k=cu_k, **opts),
                                              {"q": q, "k": k, "v": v}, out, lse=lse, ref_dtype=torch.float32)
+    assert calls[1:] and set(calls[1:]) == {("hopper_backward", True)}, "the varlen backward did not take the Gluon kernel"
     empty = no_key_rows_varlen(ref_lse)
     if not same and opts.get("causal"):
         assert empty.any()                # the max_len query over max_len // 3 keys
@@ -64,21 +66,40 @@ def test_varlen_gluon_forward_gpu(monkeypatch, seed, dtype, headdim, heads, max_
     assert_zero_rows("dq", grads["q"], empty)
 
 
-def test_varlen_gluon_forward_repeats_gpu():
-    """Programs write only their own sequence's rows: two calls over the same packed batch give the same bits, and a
-    sequence's output does not change when its neighbours' inputs do (rows past a sequence's end are the next one's;
-    a TMA store of a whole 64-row box there would overwrite them)."""
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_varlen_gluon_repeats_gpu(headdim):
+    """Programs write only their own sequence's rows: two calls over the same packed batch give the same output and
+    dK / dV bits, and a sequence's output and gradients do not change when its neighbours' inputs and output
+    gradients do (rows past a sequence's end are the next one's: a TMA store of a whole box there would overwrite
+    them, an unmasked row would add into them). dQ is summed by reduce-adds in no fixed order below 256: equal within
+    one rounding there."""
     if not flash_fwd_hopper.available(torch.device("cuda")):
         pytest.skip("flash_fwd_hopper needs sm_90 and triton " + flash_fwd_hopper.GLUON_TRITON)
     lens = [1000, 37, 1500, 129, 2048, 1, 700, 64, 1999]
     cu = cu_seqlens(lens, "cuda")
-    q, k, v = (rand(sum(lens), 16, 128, dtype=BF16, device="cuda", requires_grad=False) for _ in range(3))
-    first = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)
-    assert torch.equal(first, flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True))
+    q, k, v, dout = (rand(sum(lens), 16, headdim, dtype=BF16, device="cuda", requires_grad=False) for _ in range(4))
+
+    def run(q, k, v, dout):
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+        out.backward(dout)
+        return out.detach(), q.grad, k.grad, v.grad
+
+    first = run(q, k, v, dout)
+    again = run(q, k, v, dout)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), first, again):
+        if name == "dq" and headdim < 256:
+            torch.testing.assert_close(a, b, msg=name)
+        else:
+            assert torch.equal(a, b), name
     start, end = cu[2].item(), cu[3].item()            # the third sequence, its neighbours' inputs changed
-    q2, k2, v2 = (t.clone() for t in (q, k, v))
-    for t in (q2, k2, v2):
+    changed = [t.clone() for t in (q, k, v, dout)]
+    for t in changed:
         t[:start] = torch.randn_like(t[:start])
         t[end:] = torch.randn_like(t[end:])
-    second = flash_attn_varlen_func(q2, k2, v2, cu, cu, max(lens), max(lens), causal=True)
-    assert torch.equal(first[start:end], second[start:end])
+    second = run(*changed)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), first, second):
+        if name == "dq" and headdim < 256:
+            torch.testing.assert_close(a[start:end], b[start:end], msg=name)
+        else:
+            assert torch.equal(a[start:end], b[start:end]), name

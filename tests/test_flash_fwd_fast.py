@@ -186,33 +186,35 @@ def test_hopper_forward_plan():
 
 
 def test_hopper_backward_plan(monkeypatch):
-    """flash_bwd_hopper's Gluon backward: without the score extras or varlen, 16-bit, at head dims 33..256 (computed
+    """flash_bwd_hopper's Gluon backward: without the score extras, 16-bit (varlen's packed tensors too), at head dims 33..256 (computed
     at 64 / 128 / 256), where the device can run it (never in the interpreter); deterministic=True only at 256, whose
     dQ pass adds nothing across programs (elsewhere dQ is added by TMA reduce-adds). The kernels run in the GPU tier
     (test_flash_attn_gpu.py)."""
     from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper as hopper
 
     q = torch.empty(2, 256, 4, 128, dtype=torch.bfloat16)
-    plan = partial(flash_bwd._hopper_plan, q, q, q, q, is_varlen=False, extras=False)
+    plan = partial(flash_bwd._hopper_plan, q, q, q, q, extras=False)
     assert plan(deterministic=False) is None                          # the interpreter: no Gluon
     monkeypatch.setattr(hopper, "available", lambda device: True)
     assert plan(deterministic=False) == hopper.HOPPER_BWD_CONFIGS[128]
     assert plan(deterministic=True) is None
-    assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, is_varlen=True, extras=False) is None
-    assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, is_varlen=False, extras=True) is None
+    packed = q[0]                                                     # varlen: (total, heads, head_dim)
+    assert flash_bwd._hopper_plan(packed, packed, packed, packed, deterministic=False, extras=False) == \
+        hopper.HOPPER_BWD_CONFIGS[128]
+    assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, extras=True) is None
     for head_dim, config in ((40, hopper.HOPPER_BWD_CONFIGS[64]), (96, hopper.HOPPER_BWD_CONFIGS[128]),
                              (160, hopper.HOPPER_BWD_CONFIGS[256]), (256, hopper.HOPPER_BWD_CONFIGS[256]),
                              (24, None)):       # 33..256 padded to the kernel's 64 / 128 / 256 (kernel_head_dim)
         qd = torch.empty(2, 256, 4, head_dim, dtype=torch.bfloat16)
-        assert flash_bwd._hopper_plan(qd, qd, qd, qd, deterministic=False, is_varlen=False, extras=False) == config
-        deterministic = flash_bwd._hopper_plan(qd, qd, qd, qd, deterministic=True, is_varlen=False, extras=False)
+        assert flash_bwd._hopper_plan(qd, qd, qd, qd, deterministic=False, extras=False) == config
+        deterministic = flash_bwd._hopper_plan(qd, qd, qd, qd, deterministic=True, extras=False)
         assert deterministic == (config if head_dim > 128 else None)
     assert hopper.HOPPER_BWD_CONFIGS[256]["DQ_PASS"] and not hopper.HOPPER_BWD_CONFIGS[128]["DQ_PASS"]
     q32 = q.float()
-    assert flash_bwd._hopper_plan(q32, q32, q32, q32, deterministic=False, is_varlen=False, extras=False) is None
-    assert flash_bwd._hopper_plan(q.float(), q, q, q, deterministic=False, is_varlen=False, extras=False) is None
+    assert flash_bwd._hopper_plan(q32, q32, q32, q32, deterministic=False, extras=False) is None
+    assert flash_bwd._hopper_plan(q.float(), q, q, q, deterministic=False, extras=False) is None
     kv = q[:, :, :1].expand(q.shape)                                  # broadcast over heads: no descriptor
-    assert flash_bwd._hopper_plan(q, q, kv, kv, deterministic=False, is_varlen=False, extras=False) is None
+    assert flash_bwd._hopper_plan(q, q, kv, kv, deterministic=False, extras=False) is None
 
 
 @pytest.mark.parametrize("seqlen_q, block_m", [(77, 64), (128, 64), (1, 32)])
@@ -236,6 +238,35 @@ def test_hopper_backward_inputs(monkeypatch, seqlen_q, block_m):
     torch.testing.assert_close(delta[:, :seqlen_q].double(), ref_delta, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse2[:, :seqlen_q], lse.reshape(6, seqlen_q) * 1.4426950408889634)
     assert (delta[:, seqlen_q:] == 0).all() and (lse2[:, seqlen_q:] == 0).all()
+
+
+def test_hopper_backward_inputs_varlen(monkeypatch):
+    """Varlen (packed (total, heads, head_dim), lse (heads, total)): delta and lse2 [nheads, vector_rows], sequence
+    b's rows from column cu_seqlens[b] rounded up to 4, plus 4 b (TMA boxes of fp32 start 16-byte aligned; an empty
+    sequence, rows past the last sequence), 0 in every other column (the Gluon kernels read whole query blocks over
+    a sequence's end), the dQ buffer zeroed (its rows past the last sequence too: they are dQ's)."""
+    from flashfuse.ops.attention import flash_bwd_preprocess
+
+    cu = torch.tensor([0, 5, 5, 77, 80], dtype=torch.int32)
+    total = 83                                        # rows 80..82 are in no sequence
+    out, dout, lse = torch.randn(total, 3, 40), torch.randn(total, 3, 40), torch.randn(3, total)
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))  # no zero by accident
+    delta, lse2, dq_acc = flash_bwd_preprocess.hopper_backward_inputs(out, dout, lse, 64, cu_seqlens_q=cu,
+                                                                      max_seqlen_q=72)
+    monkeypatch.undo()
+    assert delta.shape == lse2.shape == (3, flash_bwd_preprocess.vector_rows(total, 64, 4)) == (3, 128)
+    assert dq_acc.shape == out.shape and (dq_acc == 0).all()
+    ref_delta = (out.double() * dout.double()).sum(-1).T
+    columns = torch.zeros(128, dtype=torch.bool)
+    for b, (start, end) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        vec0 = (start + 3) // 4 * 4 + 4 * b
+        assert vec0 % 4 == 0 and not columns[vec0:vec0 + end - start].any()
+        columns[vec0:vec0 + end - start] = True
+        torch.testing.assert_close(delta[:, vec0:vec0 + end - start].double(), ref_delta[:, start:end], rtol=1e-5,
+                                   atol=1e-5)
+        torch.testing.assert_close(lse2[:, vec0:vec0 + end - start], lse[:, start:end] * 1.4426950408889634)
+    assert columns.sum() == 80 and (delta[:, ~columns] == 0).all() and (lse2[:, ~columns] == 0).all()
 
 
 def test_backward_fp32_grads():

@@ -20,7 +20,7 @@ is the price of determinism and of no fp32 dQ buffer.
 
 On Hopper, ``deterministic=False`` (flash-attn's default) takes flash_bwd_hopper's Gluon kernel instead where
 it applies (``_hopper_plan``: 16-bit, head dims 33..256 (computed at 64 / 128 / 256), no dropout / ALiBi /
-softcap / bias / varlen; windows on either side are in): FlashAttention-3's layout, 5 products, dQ by TMA
+softcap / bias; windows on either side and varlen are in): FlashAttention-3's layout, 5 products, dQ by TMA
 reduce-adds into an fp32 buffer; at 256 dK / dV there and dQ in a pass of its own (flash_bwd_dq_hopper: 7 products,
 nothing added across programs, so deterministic=True takes it too).
 
@@ -488,11 +488,11 @@ def _tma_applies(q, k, v, dout, head_dim, block_d, is_varlen) -> bool:
 GLUON_BACKWARD = True
 
 
-def _hopper_plan(dout, q, k, v, *, deterministic, is_varlen, extras):
+def _hopper_plan(dout, q, k, v, *, deterministic, extras):
     """flash_bwd_hopper's config for this call, or None: deterministic=True where it adds dQ with TMA reduce-adds
-    (every head dim but those padded to 256, whose dQ pass sums in a fixed order), the score extras and varlen (not
-    in that kernel), 32-bit inputs, strides TMA cannot take, other GPUs."""
-    if not GLUON_BACKWARD or is_varlen or extras or q.dtype not in (torch.float16, torch.bfloat16):
+    (every head dim but those padded to 256, whose dQ pass sums in a fixed order), the score extras (not in that
+    kernel), 32-bit inputs, strides TMA cannot take, other GPUs."""
+    if not GLUON_BACKWARD or extras or q.dtype not in (torch.float16, torch.bfloat16):
         return None
     if not q.dtype == k.dtype == v.dtype == dout.dtype:     # one dtype per descriptor set
         return None
@@ -530,12 +530,13 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     extras = score_extras or window_left >= 0           # the Triton grid's small tiles (atomic_backward_config)
     hopper_cfg = None
     if config is None and not (q.numel() == 0 or k.numel() == 0):
-        hopper_cfg = _hopper_plan(dout, q, k, v, deterministic=deterministic, is_varlen=is_varlen,
-                                  extras=score_extras)
+        hopper_cfg = _hopper_plan(dout, q, k, v, deterministic=deterministic, extras=score_extras)
     if hopper_cfg is not None:
         return flash_bwd_hopper.gluon_backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale,
                                                window_left=window_left, window_right=window_right,
-                                               bottom_right=bottom_right, fp32_grads=fp32_grads, config=hopper_cfg)
+                                               bottom_right=bottom_right, fp32_grads=fp32_grads, config=hopper_cfg,
+                                               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                               max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     use_atomic = (ATOMIC_DQ if atomic_dq is None else atomic_dq) and not deterministic
     # delta is allocated dense and indexed with lse's strides: a strided lse view (a slice of a longer
     # sequence's lse, as ring attention takes) is copied once so both layouts agree.

@@ -21,21 +21,26 @@ flash_bwd_preprocess.hopper_backward_inputs; rows with no visible key: lse2 = +i
 from __future__ import annotations
 
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device
-from .flash_fwd_hopper import _smem_layout, gluon, kernel_head_dim, sequence_geometry
+from .flash_bwd_preprocess import vector_rows
+from .flash_fwd_hopper import _smem_layout, gluon, kernel_head_dim, packed_geometry, sequence_geometry
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                   warpgroup_mma, warpgroup_mma_wait)
 
-    from .flash_fwd_hopper import _tma_box
+    from .flash_fwd_hopper import _seq_bounds, _tma_box
 
     @gluon.jit
-    def _query_block(seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                     BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-        """This program's (batch, query head, first query m0, causal offset off, first key block, number of key
-        blocks). The query blocks of one head side by side (their K / V shared in L2), causal heaviest first. Query q
-        sees key k iff q + off - window_left <= k <= q + off + window_right."""
+    def _query_block(cu_seqlens, seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT: gl.constexpr,
+                     HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """This program's (TMA batch coordinate b, first query row, first key row of its sequence, the sequence's
+        seqlen_q and seqlen_k, query head, first query m0 within the sequence, causal offset off, first key block,
+        number of key blocks, live, the column of the sequence's first row in lse2 / delta). The query blocks of one
+        head side by side (their K / V shared in L2), causal heaviest first. Query q sees key k iff
+        q + off - window_left <= k <= q + off + window_right. Varlen: as flash_bwd_hopper._key_block (seqlen_q / _k
+        the longest on entry; a query block past its sequence's end is not live)."""
         window_left, window_right = windows
         n_m = gl.cdiv(seqlen_q, BLOCK_M)
         pid = gl.program_id(0)
@@ -44,6 +49,8 @@ if gluon is not None:
         if HAS_RIGHT:
             i_m = n_m - 1 - i_m
         m0 = i_m * BLOCK_M
+        b, q_start, k_start, seqlen_q, seqlen_k = _seq_bounds(i_bh // nheads_q, cu_seqlens, seqlen_q, seqlen_k,
+                                                              IS_VARLEN)
         off = 0
         if BOTTOM_RIGHT:
             off = seqlen_k - seqlen_q
@@ -53,17 +60,37 @@ if gluon is not None:
         j0 = 0
         if HAS_LEFT:
             j0 = gl.maximum(m0 + off - window_left, 0) // BLOCK_N
-        return i_bh // nheads_q, i_bh % nheads_q, m0, off, j0, gl.maximum(gl.cdiv(hi, BLOCK_N) - j0, 0)
+        n_blocks = gl.maximum(gl.cdiv(hi, BLOCK_N) - j0, 0)
+        live = True
+        if IS_VARLEN:
+            live = m0 < seqlen_q
+            if m0 >= seqlen_q:
+                n_blocks = 0
+        return (b, q_start, k_start, seqlen_q, seqlen_k, i_bh % nheads_q, m0, off, j0, n_blocks, live,
+                _vec_start(i_bh // nheads_q, q_start, IS_VARLEN))
 
     @gluon.jit
-    def _mask_rows(p, m0, n0, seqlen_k, off, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    def _vec_start(i_b, q_start, IS_VARLEN: gl.constexpr):
+        """The column of sequence i_b's first row in the lse2 / delta rows (flash_bwd_preprocess.hopper_backward_inputs
+        lays them out so): varlen, its first row q_start rounded up to a multiple of 4, plus 4 per earlier sequence
+        (so the sequences never overlap), making every [1, BLOCK_M] fp32 TMA box start 16-byte aligned (one that does
+        not is an illegal instruction: benchmarks/NOTES.md, session 40); else 0."""
+        vec0 = 0
+        if IS_VARLEN:
+            vec0 = (q_start + 3) // 4 * 4 + 4 * i_b
+        return vec0
+
+    @gluon.jit
+    def _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                   MASK_QUERIES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
         """P [BLOCK_M queries from m0, BLOCK_N keys from n0] in the row layout (s_layout) with the keys past seqlen_k
-        and those a window hides from each query zeroed (_bwd_consumer's masks, transposed); blocks that need no mask
-        come back as they are (rows past seqlen_q read zero-filled dO, delta = 0). Also flash_bwd_hopper's
-        _bwd_consumer_rows's."""
+        and those a window hides from each query zeroed (_bwd_consumer's masks, transposed), and, MASK_QUERIES, the
+        queries past seqlen_q (varlen's: the next sequence's rows); blocks that need no mask come back as they are
+        (rows past seqlen_q read zero-filled dO, delta = 0). Also flash_bwd_hopper's _bwd_consumer_rows's."""
         window_left, window_right = windows
         need_mask = n0 + BLOCK_N > seqlen_k
+        if MASK_QUERIES:
+            need_mask = need_mask | (m0 + BLOCK_M > seqlen_q)
         if HAS_RIGHT:
             need_mask = need_mask | (m0 + off + window_right < n0 + BLOCK_N - 1)
         if HAS_LEFT:
@@ -72,6 +99,8 @@ if gluon is not None:
             queries = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
             keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             visible = gl.expand_dims(keys < seqlen_k, 0)
+            if MASK_QUERIES:
+                visible = visible & gl.expand_dims(queries < seqlen_q, 1)
             if HAS_RIGHT:
                 visible = visible & (gl.expand_dims(keys, 0) <= gl.expand_dims(queries + off + window_right, 1))
             if HAS_LEFT:
@@ -80,38 +109,42 @@ if gluon is not None:
         return p
 
     @gluon.jit
-    def _dq_producer(descs, smem, bars, shape, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                     BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+    def _dq_producer(descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                     BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
         """One warp: Q + lse2 and dO + delta once, then K_j and V_j into slot j % NUM_STAGES once it is free."""
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc = descs
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem = smem
         q_ready, do_ready, k_ready, v_ready, empty = bars
         nheads_q, group, seqlen_q, seqlen_k = shape
-        i_b, i_h, m0, _, j0, n_blocks = _query_block(seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT, HAS_RIGHT,
-                                                     BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+        b, q_start, k_start, _, _, i_h, m0, _, j0, n_blocks, live, vec0 = _query_block(
+            cu_seqlens, seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
+            BLOCK_N)
         i_hk = i_h // group
-        mbarrier.expect(q_ready, BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
-        tma.async_copy_global_to_shared(q_desc, [i_b, m0, i_h, 0], q_ready, _tma_box(q_smem, q_desc))
-        tma.async_copy_global_to_shared(lse_desc, [i_b * nheads_q + i_h, m0], q_ready, _tma_box(lse_smem, lse_desc))
-        mbarrier.expect(do_ready, BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
-        tma.async_copy_global_to_shared(do_desc, [i_b, m0, i_h, 0], do_ready, _tma_box(do_smem, do_desc))
-        tma.async_copy_global_to_shared(delta_desc, [i_b * nheads_q + i_h, m0], do_ready,
-                                        _tma_box(delta_smem, delta_desc))
+        row = q_start + m0
+        if live:
+            mbarrier.expect(q_ready, BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
+            tma.async_copy_global_to_shared(q_desc, [b, row, i_h, 0], q_ready, _tma_box(q_smem, q_desc))
+            tma.async_copy_global_to_shared(lse_desc, [b * nheads_q + i_h, vec0 + m0], q_ready,
+                                            _tma_box(lse_smem, lse_desc))
+            mbarrier.expect(do_ready, BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
+            tma.async_copy_global_to_shared(do_desc, [b, row, i_h, 0], do_ready, _tma_box(do_smem, do_desc))
+            tma.async_copy_global_to_shared(delta_desc, [b * nheads_q + i_h, vec0 + m0], do_ready,
+                                            _tma_box(delta_smem, delta_desc))
         for j in range(n_blocks):
             slot = j % NUM_STAGES
             mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)      # the first pass finds slots free
             mbarrier.expect(k_ready.index(slot), BLOCK_N * HEAD_DIM * 2)
-            tma.async_copy_global_to_shared(k_desc, [i_b, (j0 + j) * BLOCK_N, i_hk, 0], k_ready.index(slot),
+            tma.async_copy_global_to_shared(k_desc, [b, k_start + (j0 + j) * BLOCK_N, i_hk, 0], k_ready.index(slot),
                                             _tma_box(k_smem.index(slot), k_desc))
             mbarrier.expect(v_ready.index(slot), BLOCK_N * HEAD_DIM * 2)
-            tma.async_copy_global_to_shared(v_desc, [i_b, (j0 + j) * BLOCK_N, i_hk, 0], v_ready.index(slot),
+            tma.async_copy_global_to_shared(v_desc, [b, k_start + (j0 + j) * BLOCK_N, i_hk, 0], v_ready.index(slot),
                                             _tma_box(v_smem.index(slot), v_desc))
 
     @gluon.jit
-    def _dq_consumer(smem, bars, shape, dq_out, windows, qk_scale, sm_scale, HAS_LEFT: gl.constexpr,
-                     HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+    def _dq_consumer(smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, HAS_LEFT: gl.constexpr,
+                     HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
         """Eight warps: the schedule in the module docstring, two CTA barriers a key block (dS stored; the block's
         products done, before its slot and ds_smem are reused)."""
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem = smem
@@ -124,12 +157,14 @@ if gluon is not None:
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                             instr_shape=[16, HEAD_DIM // 2, 16])
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
-        i_b, i_h, m0, off, j0, n_blocks = _query_block(seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT, HAS_RIGHT,
-                                                       BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+        b, q_start, k_start, seqlen_q, seqlen_k, i_h, m0, off, j0, n_blocks, live, _ = _query_block(
+            cu_seqlens, seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
+            BLOCK_N)
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
-        mbarrier.wait(q_ready, 0)
-        mbarrier.wait(do_ready, 0)
+        if live:
+            mbarrier.wait(q_ready, 0)
+            mbarrier.wait(do_ready, 0)
         lse2 = lse_smem.load(rows_layout)
         delta_scaled = delta_smem.load(rows_layout) * sm_scale
         for j in range(n_blocks):
@@ -142,7 +177,9 @@ if gluon is not None:
             dp_tok = warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
             p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-            p = _mask_rows(p, m0, n0, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, s_layout)
+            # (varlen: rows past the sequence's end need no mask here: their dQ rows are not stored)
+            p = _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, False, BLOCK_M, BLOCK_N,
+                           s_layout)
             dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok, ))
             # dS with the softmax scale folded in: dQ needs no final scaling
             ds_smem.store((p * (dp * sm_scale - gl.expand_dims(delta_scaled, 1))).to(dtype))
@@ -154,24 +191,29 @@ if gluon is not None:
             mbarrier.arrive(empty.index(slot), count=1)
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
         rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-        offs = (i_b.to(gl.int64) * stride_dq_b + i_h.to(gl.int64) * stride_dq_h
-                + gl.expand_dims(rows.to(gl.int64) * stride_dq_s, 1) + gl.expand_dims(cols, 0))
+        offs = (i_h.to(gl.int64) * stride_dq_h + gl.expand_dims((q_start + rows).to(gl.int64) * stride_dq_s, 1)
+                + gl.expand_dims(cols, 0))
+        if not IS_VARLEN:           # (varlen: one batch entry)
+            offs += b.to(gl.int64) * stride_dq_b
         gl.store(p_dq + offs, dq.to(p_dq.dtype.element_ty),
                  mask=gl.expand_dims(rows < seqlen_q, 1) & gl.expand_dims(cols < head_dim, 0))
 
     @gluon.jit
     def _flash_bwd_dq_hopper_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc,
-        p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim,
+        p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim, p_cu_seqlens_q, p_cu_seqlens_k,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_left, window_right,
-        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
+        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
+        BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr,
         KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, num_warps: gl.constexpr,
     ):
         # Host-side TMA descriptors as flash_bwd_hopper's: q, do [batch, seqlen_q, nheads_q, head_dim] (boxes
         # [1, BLOCK_M, 1, HEAD_DIM]), k, v [batch, seqlen_k, nheads_k, head_dim] (boxes [1, BLOCK_N, 1, HEAD_DIM]),
         # lse2, delta [batch * nheads_q, seqlen_q rounded up to BLOCK_M] fp32 (boxes [1, BLOCK_M]). dq (p_dq with its
-        # strides; q's dtype or fp32) is written, not added to. Grid (cdiv(seqlen_q, BLOCK_M) * batch * nheads_q,).
+        # strides; q's dtype or fp32) is written, not added to. IS_VARLEN: as flash_bwd_hopper's kernel (packed
+        # tensors as batch 1, sequences bounded by p_cu_seqlens_q / _k, seqlen_q / _k the longest).
+        # Grid (cdiv(seqlen_q, BLOCK_M) * batch * nheads_q,).
         # num_warps = 8 is the consumer (the default partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
         gl.static_assert(BLOCK_M == 64)
@@ -202,32 +244,44 @@ if gluon is not None:
         shape = (nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k)
         dq_out = (p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim)
         windows = (window_left, window_right)
+        cu_seqlens = (p_cu_seqlens_q, p_cu_seqlens_k)
         gl.warp_specialize([
-            (_dq_consumer, (smem, bars, shape, dq_out, windows, qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT,
-                            BOTTOM_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
-            (_dq_producer, (descs, smem, bars, shape, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M, BLOCK_N,
-                            HEAD_DIM, NUM_STAGES)),
+            (_dq_consumer, (smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT,
+                            BOTTOM_RIGHT, IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+            (_dq_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                            IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
         ], [1], [24])
 
     _launch_dq = LaunchCache(_flash_bwd_dq_hopper_kernel)
 
 
-# lse2 / delta rows: TMA boxes [1, BLOCK_M] fp32, unswizzled (as flash_bwd_hopper's).
+# lse2 / delta rows: TMA boxes [1, BLOCK_M] fp32, unswizzled (also flash_bwd_hopper's).
 _VEC_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2) if gluon is not None else None
+
+
+def vector_geometry(q, block_m, varlen):
+    """(shape, strides, box, layout) of the lse2 / delta descriptors over flash_bwd_preprocess.hopper_backward_inputs's
+    rows, one per (batch, query head): [batch * nheads_q, vector_rows], varlen [nheads_q, vector_rows]; boxes
+    [1, block_m]."""
+    rows = vector_rows(q.shape[-3], block_m, None if varlen is None else varlen[0] - 1)
+    entries = q.shape[-2] * (1 if varlen is not None else q.shape[0])
+    return [entries, rows], [rows, 1], [1, block_m], _VEC_LAYOUT
 
 # 64 queries x 64 keys, K / V in two stages: Q + dO 64 KB, K / V 128 KB, dS 8 KB of shared memory at head dim 256.
 DQ_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, num_warps=8)
 
 
 def hopper_backward_dq(dout, q, k, v, lse2, delta, dq, *, qk_scale, sm_scale, window_left, window_right,
-                       bottom_right):
+                       bottom_right, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
     """Write dq (shaped like q, contiguous; q's dtype or fp32) from validated inputs, lse2 / delta as
     flash_bwd_preprocess.hopper_backward_inputs makes them with block_m = DQ_CONFIG's BLOCK_M, through the plan
-    kept for this call signature."""
+    kept for this call signature. Varlen as flash_bwd_hopper.hopper_backward."""
+    varlen = None if cu_seqlens_q is None else (cu_seqlens_q.numel(), max_seqlen_q, max_seqlen_k)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dq.dtype, window_left,
-           window_right, bottom_right, launch_device())
-    plan = _PLANS.get(key, lambda: _DqPlan(q, k, v, dout, dq, window_left, window_right, bottom_right))
-    plan(dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale)
+           window_right, bottom_right, varlen, launch_device())
+    plan = _PLANS.get(key, lambda: _DqPlan(q, k, v, dout, dq, window_left, window_right, bottom_right, varlen))
+    cu_q, cu_k = (lse2, lse2) if varlen is None else (cu_seqlens_q, cu_seqlens_k)
+    plan(dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, cu_q, cu_k)
 
 
 _PLANS = PlanCache()
@@ -236,30 +290,35 @@ _PLANS = PlanCache()
 class _DqPlan:
     """Grid, descriptor geometry and constexprs of one call signature (as flash_bwd_hopper._BackwardPlan)."""
 
-    def __init__(self, q, k, v, dout, dq, window_left, window_right, bottom_right):
-        batch, seqlen_q, nheads_q, head_dim = q.shape
+    def __init__(self, q, k, v, dout, dq, window_left, window_right, bottom_right, varlen):
+        head_dim = q.shape[-1]
         kernel_dim = kernel_head_dim(head_dim) or head_dim
-        seqlen_k, nheads_k = k.shape[1], k.shape[2]
+        nheads_q, nheads_k = q.shape[-2], k.shape[-2]
         cfg = dict(DQ_CONFIG)
         block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
-        rows = cdiv(seqlen_q, block_m) * block_m        # lse2 / delta rows (hopper_backward_inputs)
+        if varlen is None:
+            batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        else:
+            batch, seqlen_q, seqlen_k = varlen[0] - 1, varlen[1], varlen[2]
 
-        def geometry(seqlen, heads, strides, box):
-            return sequence_geometry(batch, seqlen, heads, head_dim, strides, box, q.dtype, kernel_dim)
+        def geometry(t, box):
+            entries, rows, heads, strides = packed_geometry(t, varlen)
+            return sequence_geometry(entries, rows, heads, head_dim, strides, box, q.dtype, kernel_dim)
 
-        vec = ([batch * nheads_q, rows], [rows, 1], [1, block_m], _VEC_LAYOUT)
-        self.descriptors = [geometry(seqlen_q, nheads_q, q.stride(), block_m),
-                            geometry(seqlen_k, nheads_k, k.stride(), block_n),
-                            geometry(seqlen_k, nheads_k, v.stride(), block_n),
-                            geometry(seqlen_q, nheads_q, dout.stride(), block_m), vec, vec]
-        self.sizes = (*dq.stride()[:3], head_dim, nheads_q, nheads_k, seqlen_q, seqlen_k)
+        vec = vector_geometry(q, block_m, varlen)
+        self.descriptors = [geometry(q, block_m), geometry(k, block_n), geometry(v, block_n), geometry(dout, block_m),
+                            vec, vec]
+        self.sizes = (*packed_geometry(dq, varlen)[3][:3], head_dim)
+        self.shape = (nheads_q, nheads_k, seqlen_q, seqlen_k)
         self.windows = (window_left, window_right)
         self.launch = Launch(
             _launch_dq, (cdiv(seqlen_q, block_m) * batch * nheads_q, ), self.descriptors,
-            HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, BLOCK_M=block_m,
+            HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right,
+            IS_VARLEN=varlen is not None, BLOCK_M=block_m,
             BLOCK_N=block_n, HEAD_DIM=kernel_dim, Q_SMEM=_smem_layout([block_m, kernel_dim], q.dtype),
             KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype), DS_SMEM=_smem_layout([block_m, block_n], q.dtype),
             **cfg)
 
-    def __call__(self, dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale):
-        self.launch(q, k, v, dout, lse2, delta, dq, *self.sizes, qk_scale, sm_scale, *self.windows)
+    def __call__(self, dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, cu_q, cu_k):
+        self.launch(q, k, v, dout, lse2, delta, dq, *self.sizes, cu_q, cu_k, *self.shape, qk_scale, sm_scale,
+                    *self.windows)

@@ -34,12 +34,19 @@ step, by atomics (the TMA reduce-add's fp32 slots do not fit beside two Q / dO s
 
 Measured (benchmarks/NOTES.md, sessions 16, 22 and 38): hd128 0.93-1.03x cuDNN from 1024 keys (H200); hd64 with
 128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x);
-hd256 with the dQ pass 0.99-1.08x cuDNN (H100; one pass with atomic dQ: 0.71-0.83x).
+hd256 with the dQ pass 0.99-1.08x cuDNN (H100; one pass with atomic dQ: 0.71-0.83x). Varlen (session 40, 16K tokens
+in sequences of [max / 8, max]): 0.97-1.48x flash_bwd's grid at hd64, 1.23-1.32x at hd128, 1.59-1.82x at hd256.
 
 dQ's summation order over key blocks varies run to run (reduce-adds), so deterministic=True keeps flash_bwd's grid,
 but at head dims padded to 256, where nothing is added across programs (DQ_PASS). Scope as flash_fwd_hopper: 16-bit
-inputs, head dims 33..256 (kernel_head_dim), no dropout / ALiBi / softcap / bias / varlen; GQA and both window sides
-(causal, sliding) are in. Used only on the triton release
+inputs, head dims 33..256 (kernel_head_dim), no dropout / ALiBi / softcap / bias; GQA, both window sides (causal,
+sliding) and varlen are in.
+
+Varlen (IS_VARLEN, session 40): the descriptors see the packed tensors as one batch entry, a program reads its
+sequence's bounds from cu_seqlens (key blocks past the sequence's end do nothing), P is masked for the rows past the
+sequence's end too (they are the next sequence's queries), dQ's reduce-add adds zeros there, and the sequence's last
+dK / dV block is stored from registers with its rows masked (a TMA box would overwrite the next sequence's rows).
+lse2 / delta start each sequence at a 16-byte boundary (_vec_start: an unaligned fp32 box is an illegal instruction). Used only on the triton release
 it was written and measured against (flash_fwd_hopper.GLUON_TRITON); flash_bwd's Triton grid everywhere else.
 """
 
@@ -49,8 +56,9 @@ import torch
 
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device
 from . import flash_bwd_dq_hopper, flash_fwd_hopper
+from .flash_bwd_dq_hopper import vector_geometry
 from .flash_bwd_preprocess import hopper_backward_inputs
-from .flash_fwd_hopper import _smem_layout, gluon, kernel_head_dim, sequence_geometry
+from .flash_fwd_hopper import _smem_layout, gluon, kernel_head_dim, packed_geometry, sequence_geometry
 
 LOG2E = flash_fwd_hopper.LOG2E
 # Where this kernel can run and which tensors its host-side descriptors take: as the forward's.
@@ -64,8 +72,8 @@ if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                   warpgroup_mma, warpgroup_mma_wait)
 
-    from .flash_bwd_dq_hopper import _mask_rows
-    from .flash_fwd_hopper import _tma_box
+    from .flash_bwd_dq_hopper import _mask_rows, _vec_start
+    from .flash_fwd_hopper import _seq_bounds, _tma_box
 
     @builtin
     def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
@@ -101,16 +109,27 @@ if gluon is not None:
         return pid % n_blocks, i_bhk // nheads_k, i_bhk % nheads_k
 
     @gluon.jit
-    def _key_block(seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                   BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-        """This program's (batch, kv head, first key n0, the causal offset off, first query block, number of
-        query blocks). Query q sees key k iff q + off - window_left <= k <= q + off + window_right."""
+    def _key_block(cu_seqlens, seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                   BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """This program's (TMA batch coordinate b, first query row, first key row of its sequence, the sequence's
+        seqlen_q and seqlen_k, kv head, first key n0 within the sequence, the causal offset off, first query block,
+        number of query blocks, live, the column of the sequence's first row in lse2 / delta). Query q sees key k iff q + off - window_left <= k <= q + off + window_right.
+        Varlen (flash_fwd_hopper._seq_bounds): sequence i_b of the packed tensors, seqlen_q / _k the longest
+        sequence's (the grid has that many key blocks per sequence); a key block past its sequence's end is not live:
+        it has no steps and loads and stores nothing."""
         i_n, i_b, i_hk = _program(seqlen_k, nheads_k, BLOCK_N)
+        b, q_start, k_start, sq, sk = _seq_bounds(i_b, cu_seqlens, seqlen_q, seqlen_k, IS_VARLEN)
         off = 0
         if BOTTOM_RIGHT:
-            off = seqlen_k - seqlen_q
-        m_first, n_steps = _query_range(i_n, seqlen_q, off, windows, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
-        return i_b, i_hk, i_n * BLOCK_N, off, m_first, n_steps
+            off = sk - sq
+        m_first, n_steps = _query_range(i_n, sq, off, windows, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+        live = True
+        if IS_VARLEN:
+            live = i_n * BLOCK_N < sk
+            if i_n * BLOCK_N >= sk:
+                n_steps = 0
+        return b, q_start, k_start, sq, sk, i_hk, i_n * BLOCK_N, off, m_first, n_steps, live, _vec_start(
+            i_b, q_start, IS_VARLEN)
 
     @gluon.jit
     def _step(i, i_hk, group, m_first, n_steps, BLOCK_M: gl.constexpr):
@@ -120,8 +139,8 @@ if gluon is not None:
         return i_hk * group + i // n_steps, (m_first + i % n_steps) * BLOCK_M
 
     @gluon.jit
-    def _bwd_producer(descs, smem, bars, shape, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                      BOTTOM_RIGHT: gl.constexpr,
+    def _bwd_producer(descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                      BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
         """One warp: K and V once, then per step (query head of the group, query block) Q + lse2 and dO + delta
         into slot i % NUM_STAGES once the consumer released it."""
@@ -129,31 +148,33 @@ if gluon is not None:
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
         kv_ready, q_ready, do_ready, empty = bars
         nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
-        i_b, i_hk, n0, _, m_first, n_steps = _key_block(seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT,
-                                                        BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
-        mbarrier.expect(kv_ready, 2 * BLOCK_N * HEAD_DIM * 2)
-        tma.async_copy_global_to_shared(k_desc, [i_b, n0, i_hk, 0], kv_ready, _tma_box(k_smem, k_desc))
-        tma.async_copy_global_to_shared(v_desc, [i_b, n0, i_hk, 0], kv_ready, _tma_box(v_smem, v_desc))
-        for i in range(group * n_steps):
-            i_h, m0 = _step(i, i_hk, group, m_first, n_steps, BLOCK_M)
-            slot = i % NUM_STAGES
-            mbarrier.wait(empty.index(slot), ((i // NUM_STAGES) & 1) ^ 1)    # the first pass finds slots free
-            mbarrier.expect(q_ready.index(slot), BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
-            tma.async_copy_global_to_shared(q_desc, [i_b, m0, i_h, 0], q_ready.index(slot),
-                                            _tma_box(q_smem.index(slot), q_desc))
-            tma.async_copy_global_to_shared(lse_desc, [i_b * nheads_q + i_h, m0], q_ready.index(slot),
-                                            _tma_box(lse_smem.index(slot), lse_desc))
-            mbarrier.expect(do_ready.index(slot), BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
-            tma.async_copy_global_to_shared(do_desc, [i_b, m0, i_h, 0], do_ready.index(slot),
-                                            _tma_box(do_smem.index(slot), do_desc))
-            tma.async_copy_global_to_shared(delta_desc, [i_b * nheads_q + i_h, m0], do_ready.index(slot),
-                                            _tma_box(delta_smem.index(slot), delta_desc))
+        b, q_start, k_start, _, _, i_hk, n0, _, m_first, n_steps, live, vec0 = _key_block(
+            cu_seqlens, seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
+            BLOCK_N)
+        if live:
+            mbarrier.expect(kv_ready, 2 * BLOCK_N * HEAD_DIM * 2)
+            tma.async_copy_global_to_shared(k_desc, [b, k_start + n0, i_hk, 0], kv_ready, _tma_box(k_smem, k_desc))
+            tma.async_copy_global_to_shared(v_desc, [b, k_start + n0, i_hk, 0], kv_ready, _tma_box(v_smem, v_desc))
+            for i in range(group * n_steps):
+                i_h, m0 = _step(i, i_hk, group, m_first, n_steps, BLOCK_M)
+                row = q_start + m0
+                slot = i % NUM_STAGES
+                mbarrier.wait(empty.index(slot), ((i // NUM_STAGES) & 1) ^ 1)    # the first pass finds slots free
+                mbarrier.expect(q_ready.index(slot), BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
+                tma.async_copy_global_to_shared(q_desc, [b, row, i_h, 0], q_ready.index(slot),
+                                                _tma_box(q_smem.index(slot), q_desc))
+                tma.async_copy_global_to_shared(lse_desc, [b * nheads_q + i_h, vec0 + m0], q_ready.index(slot),
+                                                _tma_box(lse_smem.index(slot), lse_desc))
+                mbarrier.expect(do_ready.index(slot), BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
+                tma.async_copy_global_to_shared(do_desc, [b, row, i_h, 0], do_ready.index(slot),
+                                                _tma_box(do_smem.index(slot), do_desc))
+                tma.async_copy_global_to_shared(delta_desc, [b * nheads_q + i_h, vec0 + m0], do_ready.index(slot),
+                                                _tma_box(delta_smem.index(slot), delta_desc))
 
     @gluon.jit
-    def _bwd_consumer(descs, smem, bars, shape, fp32_out, windows, qk_scale, sm_scale, HAS_LEFT: gl.constexpr,
-                      HAS_RIGHT: gl.constexpr,
-                      BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr,
-                      BLOCK_N: gl.constexpr,
+    def _bwd_consumer(descs, smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale,
+                      HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                      IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
         """Eight warps (two warpgroups of BLOCK_N / 2 keys each): the schedule in the module docstring. The slot
         is released once every product reading it is done; dQ_j leaves through one of two fp32 slots."""
@@ -171,14 +192,16 @@ if gluon is not None:
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
         cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)      # one value per query (column)
         window_left, window_right = windows
-        i_b, i_hk, n0, off, m_first, n_steps = _key_block(seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT,
-                                                          BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+        b, q_start, k_start, seqlen_q, seqlen_k, i_hk, n0, off, m_first, n_steps, live, _ = _key_block(
+            cu_seqlens, seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
+            BLOCK_N)
         keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
         zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
         zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
-        mbarrier.wait(kv_ready, 0)
+        if live:
+            mbarrier.wait(kv_ready, 0)
         for i in range(group * n_steps):
             i_h, m0 = _step(i, i_hk, group, m_first, n_steps, BLOCK_M)
             slot = i % NUM_STAGES
@@ -192,9 +215,12 @@ if gluon is not None:
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok, ))
             lse2 = lse_smem.index(slot).load(cols_layout)
             pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
-            # Keys past seqlen_k (zero-filled K rows) and, under a right window, keys after a query's last
-            # visible one: P = 0. Other blocks need no mask (rows past seqlen_q read zero-filled dO, delta = 0).
+            # Keys past seqlen_k (zero-filled K rows; varlen: the next sequence's) and, under a right window, keys
+            # after a query's last visible one: P = 0. Rows past seqlen_q read zero-filled dO, delta = 0, but varlen's
+            # are the next sequence's queries: P = 0 there too.
             need_mask = n0 + BLOCK_N > seqlen_k
+            if IS_VARLEN:
+                need_mask = need_mask | (m0 + BLOCK_M > seqlen_q)
             if HAS_RIGHT:
                 need_mask = need_mask | (m0 + off + window_right < n0 + BLOCK_N - 1)
             if HAS_LEFT:      # under a left window, keys before a query's first visible one
@@ -202,6 +228,8 @@ if gluon is not None:
             if need_mask:
                 queries = m0 + gl.arange(0, BLOCK_M, layout=cols_layout)
                 visible = gl.expand_dims(keys < seqlen_k, 1)
+                if IS_VARLEN:
+                    visible = visible & gl.expand_dims(queries < seqlen_q, 0)
                 if HAS_RIGHT:
                     visible = visible & (gl.expand_dims(keys, 1) <= gl.expand_dims(queries + off + window_right, 0))
                 if HAS_LEFT:
@@ -223,14 +251,15 @@ if gluon is not None:
             # dQ_i -> dq_smem[i % 2], whose last reader (the reduce-add of dQ_{i-2}) the wait below at the end of
             # step i - 1 saw done. (Storing dQ_{i-1} while S^T_i and dP^T_i run instead spills at hd128 and measured
             # slower at hd64: session 16.)
-            _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, i_b, m0, i_h)
-        _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, i_b, i_hk, n0, seqlen_k, kv_layout, FP32_GRADS,
-                    BLOCK_N, HEAD_DIM)
+            _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, b, q_start + m0, i_h)
+        if live:
+            _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, b, k_start, i_hk, n0, seqlen_k, kv_layout,
+                        FP32_GRADS, IS_VARLEN, BLOCK_N, HEAD_DIM)
 
     @gluon.jit
-    def _bwd_consumer_rows(descs, smem, p_smem, bars, shape, fp32_out, windows, qk_scale, sm_scale,
+    def _bwd_consumer_rows(descs, smem, p_smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale,
                            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                           FP32_GRADS: gl.constexpr,
+                           IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            NUM_STAGES: gl.constexpr, DQ_PASS: gl.constexpr):
         """Eight warps, scores in the row layout (FlashAttention-3's head-dim-64 scheme): with 128-row query steps
@@ -257,13 +286,15 @@ if gluon is not None:
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_M, 8 // WARPS_M],
                                                             instr_shape=[16, HEAD_DIM // (8 // WARPS_M), 16])
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
-        i_b, i_hk, n0, off, m_first, n_steps = _key_block(seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT,
-                                                          BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+        b, q_start, k_start, seqlen_q, seqlen_k, i_hk, n0, off, m_first, n_steps, live, _ = _key_block(
+            cu_seqlens, seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
+            BLOCK_N)
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=kv_layout)
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
-        mbarrier.wait(kv_ready, 0)
+        if live:
+            mbarrier.wait(kv_ready, 0)
         for i in range(group * n_steps):
             i_h, m0 = _step(i, i_hk, group, m_first, n_steps, BLOCK_M)
             slot = i % NUM_STAGES
@@ -277,7 +308,8 @@ if gluon is not None:
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
             lse2 = lse_smem.index(slot).load(rows_layout)
             p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-            p = _mask_rows(p, m0, n0, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, s_layout)
+            p = _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, IS_VARLEN, BLOCK_M,
+                           BLOCK_N, s_layout)
             p_smem.store(p.to(dtype))
             fence_async_shared()
             gl.thread_barrier()             # P's rows from both warpgroups are in p_smem
@@ -296,12 +328,13 @@ if gluon is not None:
             else:
                 dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
                 dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dq_tok))
-                _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, i_b, m0, i_h)
-        _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, i_b, i_hk, n0, seqlen_k, kv_layout, FP32_GRADS,
-                    BLOCK_N, HEAD_DIM)
+                _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, b, q_start + m0, i_h)
+        if live:
+            _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, b, k_start, i_hk, n0, seqlen_k, kv_layout,
+                        FP32_GRADS, IS_VARLEN, BLOCK_N, HEAD_DIM)
 
     @gluon.jit
-    def _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, i_b, m0, i_h):
+    def _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, b, row, i_h):
         """End of step i: dQ_i -> dq_smem[i % 2] (whose last reader, the reduce-add of dQ_{i-2}, the wait at the end
         of step i - 1 saw done), the slot released, dQ_i reduce-added into the buffer. (Storing dQ_{i-1} while the
         next step's first products run instead spills at hd128 and measured slower at hd64: session 16.)"""
@@ -314,41 +347,60 @@ if gluon is not None:
         tma.store_wait(pendings=0)
         gl.thread_barrier()
         mbarrier.arrive(empty.index(slot), count=1)
-        # rows past seqlen_q are dropped
-        _tma_reduce_add(dq_desc, [i_b, m0, i_h, 0], _tma_box(dq_smem.index(i % 2), dq_desc))
+        # Rows past seqlen_q are dropped; varlen's add zeros into the next sequence's rows (their dS is 0).
+        _tma_reduce_add(dq_desc, [b, row, i_h, 0], _tma_box(dq_smem.index(i % 2), dq_desc))
 
     @gluon.jit
-    def _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, i_b, i_hk, n0, seqlen_k,
-                    kv_layout: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-        """The program's dK, dV [BLOCK_N, HEAD_DIM] (kv_layout) to global memory."""
-        p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim = fp32_out
+    def _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, b, k_start, i_hk, n0, seqlen_k,
+                    kv_layout: gl.constexpr, FP32_GRADS: gl.constexpr, IS_VARLEN: gl.constexpr, BLOCK_N: gl.constexpr,
+                    HEAD_DIM: gl.constexpr):
+        """The program's dK, dV [BLOCK_N, HEAD_DIM] (kv_layout, keys n0.. of the sequence from row k_start) to
+        global memory: by TMA through K / V's tiles (free now), or from registers with rows past seqlen_k masked:
+        fp32 dK, dV (partial gradients that a caller sums, as ring attention does) and a varlen sequence's last key
+        block (a TMA box would overwrite the next sequence's first rows)."""
         if FP32_GRADS:
-            # fp32 dK, dV (partial gradients that a caller sums, as ring attention does): stored from registers.
-            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-            rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
-            offs = (i_b.to(gl.int64) * stride_dkv_b + i_hk * stride_dkv_h
-                    + gl.expand_dims(rows.to(gl.int64) * stride_dkv_s, 1) + gl.expand_dims(cols, 0))
-            in_bounds = gl.expand_dims(rows < seqlen_k, 1) & gl.expand_dims(cols < head_dim, 0)
-            gl.store(p_dk + offs, dk, mask=in_bounds)
-            gl.store(p_dv + offs, dv, mask=in_bounds)
+            _store_dkdv_rows(dk, dv, fp32_out, b, k_start, i_hk, n0, seqlen_k, kv_layout, IS_VARLEN, BLOCK_N,
+                             HEAD_DIM)
+        elif IS_VARLEN:
+            if n0 + BLOCK_N > seqlen_k:
+                _store_dkdv_rows(dk, dv, fp32_out, b, k_start, i_hk, n0, seqlen_k, kv_layout, IS_VARLEN, BLOCK_N,
+                                 HEAD_DIM)
+            else:
+                _store_dkdv_tma(dk, dv, k_smem, v_smem, dk_desc, dv_desc, b, k_start + n0, i_hk)
         else:
-            # dK, dV leave through K / V's tiles (free now).
-            k_smem.store(dk.to(k_smem.dtype))
-            v_smem.store(dv.to(v_smem.dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(dk_desc, [i_b, n0, i_hk, 0], _tma_box(k_smem, dk_desc))
-            tma.async_copy_shared_to_global(dv_desc, [i_b, n0, i_hk, 0], _tma_box(v_smem, dv_desc))
+            _store_dkdv_tma(dk, dv, k_smem, v_smem, dk_desc, dv_desc, b, n0, i_hk)
         tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _store_dkdv_tma(dk, dv, k_smem, v_smem, dk_desc, dv_desc, b, row, i_hk):
+        k_smem.store(dk.to(k_smem.dtype))
+        v_smem.store(dv.to(v_smem.dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(dk_desc, [b, row, i_hk, 0], _tma_box(k_smem, dk_desc))
+        tma.async_copy_shared_to_global(dv_desc, [b, row, i_hk, 0], _tma_box(v_smem, dv_desc))
+
+    @gluon.jit
+    def _store_dkdv_rows(dk, dv, fp32_out, b, k_start, i_hk, n0, seqlen_k, kv_layout: gl.constexpr,
+                         IS_VARLEN: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+        p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim = fp32_out
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+        rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+        offs = (i_hk * stride_dkv_h + gl.expand_dims((k_start + rows).to(gl.int64) * stride_dkv_s, 1)
+                + gl.expand_dims(cols, 0))
+        if not IS_VARLEN:           # (varlen: one batch entry)
+            offs += b.to(gl.int64) * stride_dkv_b
+        in_bounds = gl.expand_dims(rows < seqlen_k, 1) & gl.expand_dims(cols < head_dim, 0)
+        gl.store(p_dk + offs, dk.to(p_dk.dtype.element_ty), mask=in_bounds)
+        gl.store(p_dv + offs, dv.to(p_dv.dtype.element_ty), mask=in_bounds)
 
     @gluon.jit
     def _flash_bwd_hopper_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
-        p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim,
+        p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim, p_cu_seqlens_q, p_cu_seqlens_k,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_left, window_right,
-        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, FP32_GRADS: gl.constexpr,
-        BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr,
+        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
+        FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_T: gl.constexpr, DQ_PASS: gl.constexpr,
         Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr,
         num_warps: gl.constexpr,
@@ -360,9 +412,11 @@ if gluon is not None:
         # [1, BLOCK_M]). FP32_GRADS: dk, dv are fp32 (p_dk, p_dv with their strides; the dk / dv descriptors
         # unused). SCORES_T: _bwd_consumer (scores transposed; DS_SMEM for [BLOCK_N, BLOCK_M]), else
         # _bwd_consumer_rows (DS_SMEM for [BLOCK_M, BLOCK_N], also P's layout). DQ_PASS (rows only): dK and dV alone,
-        # no dQ product (flash_bwd_dq_hopper's pass writes dQ; the dq descriptor unused).
-        # Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the default
-        # partition); the producer warp is the worker.
+        # no dQ product (flash_bwd_dq_hopper's pass writes dQ; the dq descriptor unused). IS_VARLEN: the tensors
+        # packed (total, heads, head_dim), seen as batch 1 ([1, total, heads, head_dim]; lse2, delta [nheads_q, total_q],
+        # zero past the last sequence), sequences bounded by the int32 p_cu_seqlens_q / _k, seqlen_q / _k the
+        # longest sequence's. Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the
+        # default partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
         gl.static_assert(BLOCK_N == 128 or (BLOCK_N == 64 and not SCORES_T))
         gl.static_assert(not (DQ_PASS and SCORES_T))
@@ -394,32 +448,31 @@ if gluon is not None:
         shape = (nheads_q, nheads_k, nheads_q // nheads_k, seqlen_q, seqlen_k)
         fp32_out = (p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim)
         windows = (window_left, window_right)
+        cu_seqlens = (p_cu_seqlens_q, p_cu_seqlens_k)
         if SCORES_T:
             ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], DS_SMEM)
             smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
             gl.warp_specialize([
-                (_bwd_consumer, (descs, smem, bars, shape, fp32_out, windows, qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT,
-                                 BOTTOM_RIGHT, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
-                (_bwd_producer, (descs, smem, bars, shape, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
-                                 BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                (_bwd_consumer, (descs, smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale,
+                                 HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                 NUM_STAGES)),
+                (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                                 IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
             ], [1], [24])
         else:
             ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
             p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
             smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
             gl.warp_specialize([
-                (_bwd_consumer_rows, (descs, smem, p_smem, bars, shape, fp32_out, windows, qk_scale, sm_scale,
-                                      HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                      NUM_STAGES, DQ_PASS)),
-                (_bwd_producer, (descs, smem, bars, shape, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, BLOCK_M,
-                                 BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                (_bwd_consumer_rows, (descs, smem, p_smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale,
+                                      sm_scale, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, FP32_GRADS, BLOCK_M,
+                                      BLOCK_N, HEAD_DIM, NUM_STAGES, DQ_PASS)),
+                (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                                 IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
             ], [1], [24])
 
     _launch_backward = LaunchCache(_flash_bwd_hopper_kernel)
 
-
-# lse2 / delta rows: TMA boxes [1, BLOCK_M] fp32, unswizzled.
-_VEC_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2) if gluon is not None else None
 
 _CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, SCORES_T=True, DQ_PASS=False, num_warps=8)
 _CONFIG_ROWS = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, SCORES_T=False, DQ_PASS=False, num_warps=8)
@@ -447,15 +500,20 @@ def hopper_backward_config(head_dim: int):
 
 
 def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_scale, window_right,
-                    bottom_right, config, window_left=-1):
-    """Launch on validated inputs: q, k, v, dout [batch, seqlen, heads, head dim] 16-bit with 16-byte aligned
-    strides; lse2, delta from flash_bwd_preprocess.hopper_backward_inputs; dq_acc zeroed fp32 shaped like q;
-    dk, dv contiguous, shaped like k, v: k's dtype, or fp32 (then stored from registers without rounding).
-    Through the plan kept for this call signature (_BackwardPlan)."""
+                    bottom_right, config, window_left=-1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+                    max_seqlen_k=0):
+    """Launch on validated inputs: q, k, v, dout [batch, seqlen, heads, head dim] (varlen: packed [total, heads,
+    head dim] with int32 cu_seqlens_q / _k and the longest lengths) 16-bit with 16-byte aligned strides; lse2, delta
+    from flash_bwd_preprocess.hopper_backward_inputs; dq_acc zeroed fp32 shaped like q; dk, dv contiguous, shaped
+    like k, v: k's dtype, or fp32 (then stored from registers without rounding). Through the plan kept for this
+    call signature (_BackwardPlan)."""
+    varlen = None if cu_seqlens_q is None else (cu_seqlens_q.numel(), max_seqlen_q, max_seqlen_k)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dk.dtype, window_left,
-           window_right, bottom_right, tuple(config.items()), launch_device())
-    plan = _PLANS.get(key, lambda: _BackwardPlan(q, k, v, dout, dk, window_left, window_right, bottom_right, config))
-    plan(dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale)
+           window_right, bottom_right, tuple(config.items()), varlen, launch_device())
+    plan = _PLANS.get(key, lambda: _BackwardPlan(q, k, v, dout, dk, window_left, window_right, bottom_right, config,
+                                                 varlen))
+    cu_q, cu_k = (lse2, lse2) if varlen is None else (cu_seqlens_q, cu_seqlens_k)
+    plan(dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale, cu_q, cu_k)
 
 
 _PLANS = PlanCache()
@@ -465,56 +523,64 @@ class _BackwardPlan:
     """What a launch derives from the call's signature alone (grid, descriptor geometry, constexprs, the compiled
     kernel), as flash_fwd_hopper._ForwardPlan: a repeated call builds its nine descriptors and launches."""
 
-    def __init__(self, q, k, v, dout, dk, window_left, window_right, bottom_right, config):
-        batch, seqlen_q, nheads_q, head_dim = q.shape
+    def __init__(self, q, k, v, dout, dk, window_left, window_right, bottom_right, config, varlen):
+        head_dim = q.shape[-1]
         kernel_dim = kernel_head_dim(head_dim) or head_dim
-        seqlen_k, nheads_k = k.shape[1], k.shape[2]
+        nheads_q, nheads_k = q.shape[-2], k.shape[-2]
         cfg = dict(config)
         block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
-        rows = cdiv(seqlen_q, block_m) * block_m        # lse2 / delta rows (hopper_backward_inputs)
+        if varlen is None:
+            batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        else:
+            (n_cu, seqlen_q, seqlen_k), batch = varlen, varlen[0] - 1
 
-        def geometry(seqlen, heads, strides, box, dtype=q.dtype):
-            return sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype, kernel_dim)
+        def geometry(t, box, dtype=q.dtype):
+            entries, rows, heads, strides = packed_geometry(t, varlen)
+            return sequence_geometry(entries, rows, heads, head_dim, strides, box, dtype, kernel_dim)
 
-        vec = ([batch * nheads_q, rows], [rows, 1], [1, block_m], _VEC_LAYOUT)      # lse2, delta
-        dq_strides = [seqlen_q * nheads_q * head_dim, nheads_q * head_dim, head_dim, 1]      # dq_acc (fp32), dk and
-        dkv_strides = [seqlen_k * nheads_k * head_dim, nheads_k * head_dim, head_dim, 1]     # dv: contiguous
+        vec = vector_geometry(q, block_m, varlen)
+        contiguous = dict(dtype=torch.float32, device="meta")
         self.descriptors = [       # (shape, strides, box, layout) of q, k, v, dout, lse2, delta, dq_acc, dk, dv
-            geometry(seqlen_q, nheads_q, q.stride(), block_m), geometry(seqlen_k, nheads_k, k.stride(), block_n),
-            geometry(seqlen_k, nheads_k, v.stride(), block_n), geometry(seqlen_q, nheads_q, dout.stride(), block_m),
-            vec, vec, geometry(seqlen_q, nheads_q, dq_strides, block_m, torch.float32),
-            geometry(seqlen_k, nheads_k, dkv_strides, block_n, dk.dtype),
-            geometry(seqlen_k, nheads_k, dkv_strides, block_n, dk.dtype)]
-        self.sizes = (*dkv_strides[:3], head_dim, nheads_q, nheads_k, seqlen_q, seqlen_k)
+            geometry(q, block_m), geometry(k, block_n), geometry(v, block_n), geometry(dout, block_m), vec, vec,
+            geometry(torch.empty(q.shape, **contiguous), block_m, torch.float32),
+            geometry(torch.empty(k.shape, **contiguous), block_n, dk.dtype),
+            geometry(torch.empty(k.shape, **contiguous), block_n, dk.dtype)]
+        dkv_strides = packed_geometry(torch.empty(k.shape, **contiguous), varlen)[3]
+        self.sizes = (*dkv_strides[:3], head_dim)
+        self.shape = (nheads_q, nheads_k, seqlen_q, seqlen_k)
         self.windows = (window_left, window_right)
         self.launch = Launch(
             _launch_backward, (cdiv(seqlen_k, block_n) * batch * nheads_k, ), self.descriptors,
             HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right,
-            FP32_GRADS=dk.dtype == torch.float32,
+            IS_VARLEN=varlen is not None, FP32_GRADS=dk.dtype == torch.float32,
             BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=kernel_dim, Q_SMEM=_smem_layout([block_m, kernel_dim], q.dtype),
             KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype),
             DS_SMEM=_smem_layout([block_n, block_m] if cfg["SCORES_T"] else [block_m, block_n], q.dtype),
             DQ_SMEM=_smem_layout([block_m, kernel_dim], torch.float32), **cfg)
 
-    def __call__(self, dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale):
-        self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, dk, dv, *self.sizes, qk_scale, sm_scale,
-                    *self.windows)
+    def __call__(self, dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale, cu_q, cu_k):
+        self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, dk, dv, *self.sizes, cu_q, cu_k, *self.shape,
+                    qk_scale, sm_scale, *self.windows)
 
 
 def gluon_backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, window_right, bottom_right, fp32_grads,
-                   config):
+                   config, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
     """flash_bwd's entry to this file's kernel (config: hopper_backward_config's, for inputs flash_bwd._hopper_plan
     admitted): it adds dQ (scaled) into the fp32 buffer, cast to dq's dtype after; or, DQ_PASS (head dims padded to
-    256), it computes dK and dV and flash_bwd_dq_hopper's pass writes dQ. Returns (dq, dk, dv)."""
-    delta, lse2, dq_acc = hopper_backward_inputs(out, dout, lse, config["BLOCK_M"])
+    256), it computes dK and dV and flash_bwd_dq_hopper's pass writes dQ. Varlen: packed (total, heads, head_dim)
+    tensors with cu_seqlens_q / _k (int32) and the longest lengths. Returns (dq, dk, dv)."""
+    varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                  max_seqlen_k=max_seqlen_k)
+    delta, lse2, dq_acc = hopper_backward_inputs(out, dout, lse, config["BLOCK_M"], cu_seqlens_q=cu_seqlens_q,
+                                                 max_seqlen_q=max_seqlen_q)
     grad_dtype = torch.float32 if fp32_grads else k.dtype
     dk, dv = (torch.empty(t.shape, dtype=grad_dtype, device=t.device) for t in (k, v))
     scales = dict(qk_scale=softmax_scale * LOG2E, sm_scale=softmax_scale, window_right=window_right,
                   bottom_right=bottom_right, window_left=window_left)
-    hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, config=config, **scales)
+    hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, config=config, **scales, **varlen)
     if config["DQ_PASS"]:
         assert config["BLOCK_M"] == flash_bwd_dq_hopper.DQ_CONFIG["BLOCK_M"]       # lse2 / delta rows
         dq = torch.empty(q.shape, dtype=torch.float32 if fp32_grads else q.dtype, device=q.device)
-        flash_bwd_dq_hopper.hopper_backward_dq(dout, q, k, v, lse2, delta, dq, **scales)
+        flash_bwd_dq_hopper.hopper_backward_dq(dout, q, k, v, lse2, delta, dq, **scales, **varlen)
         return dq, dk, dv
     return (dq_acc if fp32_grads else dq_acc.to(q.dtype)), dk, dv

@@ -18,9 +18,9 @@ def _bwd_preprocess_kernel(p_o, p_do, p_delta, p_lse, p_lse2, p_dqa, p_cu_seqlen
                            stride_delta_b, stride_delta_h, stride_lse_b, stride_lse_h, stride_dqa_b, stride_dqa_s,
                            stride_dqa_h, nheads_q, seqlen_q, rows_out, head_dim, IS_VARLEN: tl.constexpr,
                            WRITE_LSE2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """delta[row] = sum_d dO[row, d] * O[row, d], in fp32. WRITE_LSE2 (flash_bwd_hopper's inputs, not varlen):
-    also lse2[row] = lse[row] * log2(e), laid out like delta, both for rows < rows_out (0 past seqlen_q), and
-    the fp32 dQ buffer's rows zeroed."""
+    """delta[row] = sum_d dO[row, d] * O[row, d], in fp32. WRITE_LSE2 (flash_bwd_hopper's inputs): also
+    lse2[row] = lse[row] * log2(e), laid out like delta, both for rows < rows_out (0 past seqlen_q), and the fp32 dQ
+    buffer's rows zeroed; varlen: the sequence's rows alone (the caller allocates lse2, delta and dQ zeroed)."""
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
     i_b = i_bh // nheads_q
     i_h = i_bh % nheads_q
@@ -33,40 +33,70 @@ def _bwd_preprocess_kernel(p_o, p_do, p_delta, p_lse, p_lse2, p_dqa, p_cu_seqlen
     p_do += i_b64 * stride_do_b + q_start * stride_do_s + i_h * stride_do_h
     b_o = tl.load(p_o + o_m[:, None] * stride_o_s + o_d[None, :], mask=m_o, other=0.0).to(tl.float32)
     b_do = tl.load(p_do + o_m[:, None] * stride_do_s + o_d[None, :], mask=m_o, other=0.0).to(tl.float32)
-    p_delta += i_b64 * stride_delta_b + i_h * stride_delta_h + q_start
+    vec0 = q_start              # the column of the sequence's first row in delta / lse2
+    if WRITE_LSE2 and IS_VARLEN:
+        vec0 = (q_start + 3) // 4 * 4 + 4 * i_b     # 16-byte aligned (flash_bwd_dq_hopper._vec_start)
+    p_delta += i_b64 * stride_delta_b + i_h * stride_delta_h + vec0
     # WRITE_LSE2 writes padded rows (not varlen: seqlen_q is the batch's); varlen's rows end with the sequence.
-    tl.store(p_delta + o_m, tl.sum(b_o * b_do, 1), mask=o_m < (rows_out if WRITE_LSE2 else seqlen_q))
+    rows_written = seqlen_q
+    if WRITE_LSE2 and not IS_VARLEN:
+        rows_written = rows_out
+    tl.store(p_delta + o_m, tl.sum(b_o * b_do, 1), mask=o_m < rows_written)
     if WRITE_LSE2:
-        lse = tl.load(p_lse + i_b64 * stride_lse_b + i_h * stride_lse_h + o_m, mask=o_m < seqlen_q, other=0.0)
-        p_lse2 += i_b64 * stride_delta_b + i_h * stride_delta_h
-        tl.store(p_lse2 + o_m, lse * LOG2E, mask=o_m < rows_out)
-        p_dqa += i_b64 * stride_dqa_b + i_h * stride_dqa_h
-        zeros = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        tl.store(p_dqa + o_m[:, None].to(tl.int64) * stride_dqa_s + o_d[None, :], zeros, mask=m_o)
+        lse = tl.load(p_lse + i_b64 * stride_lse_b + i_h * stride_lse_h + q_start + o_m, mask=o_m < seqlen_q,
+                      other=0.0)
+        p_lse2 += i_b64 * stride_delta_b + i_h * stride_delta_h + vec0
+        tl.store(p_lse2 + o_m, lse * LOG2E, mask=o_m < rows_written)
+        if not IS_VARLEN:
+            p_dqa += i_b64 * stride_dqa_b + i_h * stride_dqa_h
+            zeros = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            tl.store(p_dqa + o_m[:, None].to(tl.int64) * stride_dqa_s + o_d[None, :], zeros, mask=m_o)
 
 
 _launch_preprocess = LaunchCache(_bwd_preprocess_kernel)
 
 
-def hopper_backward_inputs(out, dout, lse, block_m: int):
+def vector_rows(seqlen_q: int, block_m: int, nseq: int | None = None) -> int:
+    """The length of hopper_backward_inputs's delta / lse2 rows: seqlen_q rounded up to block_m (whole query blocks
+    are read), or, varlen (nseq sequences packed in seqlen_q = total_q rows), room for each sequence to start at a
+    multiple of 4 (up to 3 + 4 * nseq more), rounded up to block_m."""
+    return cdiv(seqlen_q + (0 if nseq is None else 4 * nseq), block_m) * block_m
+
+
+def hopper_backward_inputs(out, dout, lse, block_m: int, cu_seqlens_q=None, max_seqlen_q: int = 0):
     """The preprocess for flash_bwd_hopper: (delta, lse2 = lse * log2(e), dq_acc). delta and lse2 are
     [batch * nheads_q, rows] fp32 with rows = seqlen_q rounded up to block_m, 0 past seqlen_q (the kernel reads
-    whole query blocks); dq_acc is the zeroed fp32 dQ buffer, shaped like out."""
-    batch, seqlen_q, nheads_q, head_dim = out.shape
+    whole query blocks); dq_acc is the zeroed fp32 dQ buffer, shaped like out. Varlen (out, dout (total_q, heads,
+    head_dim), lse (heads, total_q), cu_seqlens_q int32): delta, lse2 [nheads_q, vector_rows], sequence b's rows
+    from column cu_seqlens_q[b] rounded up to 4, plus 4 b (every TMA box 16-byte aligned), 0 elsewhere; dq_acc zeroed
+    (its rows outside every sequence too)."""
     lse = lse.contiguous()
-    rows = cdiv(seqlen_q, block_m) * block_m
-    delta = torch.empty((batch * nheads_q, rows), dtype=torch.float32, device=out.device)
-    lse2 = torch.empty_like(delta)
-    dq_acc = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        (total, nheads_q, head_dim), batch, seqlen_q = out.shape, cu_seqlens_q.numel() - 1, max_seqlen_q
+        rows = vector_rows(total, block_m, batch)
+        delta = torch.zeros((nheads_q, rows), dtype=torch.float32, device=out.device)
+        dq_acc = torch.zeros(out.shape, dtype=torch.float32, device=out.device)
+        grid = (cdiv(seqlen_q, block_m), batch * nheads_q)
+        strides = (0, *out.stride()[:2], 0, *dout.stride()[:2], 0, rows, 0, *lse.stride()[:1], 0,
+                   *dq_acc.stride()[:2])
+    else:
+        batch, seqlen_q, nheads_q, head_dim = out.shape
+        rows = vector_rows(seqlen_q, block_m)
+        delta = torch.empty((batch * nheads_q, rows), dtype=torch.float32, device=out.device)
+        dq_acc = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+        grid = (rows // block_m, batch * nheads_q)
+        strides = (*out.stride()[:3], *dout.stride()[:3], nheads_q * rows, rows, *lse.stride()[:2],
+                   *dq_acc.stride()[:3])
+    lse2 = torch.zeros_like(delta) if varlen else torch.empty_like(delta)
     # The launch's plan per call signature (ops/_triton.PlanCache): pointer alignments are part of its specialization.
     key = (out.shape, out.stride(), dout.stride(), lse.stride(), out.dtype, dout.dtype, out.data_ptr() % 16,
-           dout.data_ptr() % 16, lse.data_ptr() % 16, block_m, launch_device())
-    launch, strides = _PREPROCESS_PLANS.get(key, lambda: (
-        Launch(_launch_preprocess, (rows // block_m, batch * nheads_q), IS_VARLEN=False, WRITE_LSE2=True,
-               BLOCK_M=block_m, BLOCK_D=next_power_of_2(head_dim)),
-        (*out.stride()[:3], *dout.stride()[:3], nheads_q * rows, rows, *lse.stride()[:2], *dq_acc.stride()[:3],
-         nheads_q, seqlen_q, rows, head_dim)))
-    launch(out, dout, delta, lse, lse2, dq_acc, delta, *strides)
+           dout.data_ptr() % 16, lse.data_ptr() % 16, block_m, varlen and (batch, seqlen_q), launch_device())
+    launch, sizes = _PREPROCESS_PLANS.get(key, lambda: (
+        Launch(_launch_preprocess, grid, IS_VARLEN=varlen, WRITE_LSE2=True, BLOCK_M=block_m,
+               BLOCK_D=next_power_of_2(head_dim)),
+        (*strides, nheads_q, seqlen_q, rows, head_dim)))
+    launch(out, dout, delta, lse, lse2, dq_acc, cu_seqlens_q if varlen else delta, *sizes)
     return delta, lse2, dq_acc
 
 

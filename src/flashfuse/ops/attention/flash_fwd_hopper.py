@@ -485,6 +485,14 @@ def sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype, box_d
             _smem_layout([1, box, 1, box_dim], dtype))
 
 
+def packed_geometry(t, varlen):
+    """(batch, seqlen, heads, strides) of the 4-D descriptors over t: as given, or, varlen (t packed (total, heads,
+    head_dim)), one batch entry of all rows (the unit dimension's stride any nonzero multiple of 16 bytes)."""
+    if not varlen:
+        return (*t.shape[:3], t.stride())
+    return 1, t.shape[0], t.shape[1], (t.stride(0) * t.shape[0], *t.stride())
+
+
 def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
                    nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config, window_left=-1,
                    cu_seqlens_q=None, cu_seqlens_k=None):
