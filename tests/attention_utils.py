@@ -150,6 +150,40 @@ def varlen_ref(q, k, v, cu_q, cu_k, *, alibi_slopes=None, dropout_mask=None, **o
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
 
 
+def check_rows_past_last_sequence(device, padding, dtype, headdim):
+    """flash_attn_varlen_func over packed buffers with rows past cu_seqlens[-1] (filled with ``padding``): out 0 and
+    lse +inf there, dq / dk / dv 0 there, and every sequence's out, lse and gradients equal to those of a call on
+    the trimmed buffers (dq within one rounding: on Hopper it is summed by reduce-adds in no fixed order)."""
+    from flashfuse import flash_attn_varlen_func
+
+    lens_q, lens_k, pad_q, pad_k = [17, 1, 140], [20, 133, 9], 6, 75
+    cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+    last_q, last_k = sum(lens_q), sum(lens_k)
+    q = rand(last_q + pad_q, 4, headdim, dtype=dtype, device=device, requires_grad=False)
+    k, v = (rand(last_k + pad_k, 2, headdim, dtype=dtype, device=device, requires_grad=False) for _ in range(2))
+    for t, last in ((q, last_q), (k, last_k), (v, last_k)):
+        t[last:] = padding
+    dout = rand(*q.shape, dtype=dtype, device=device, requires_grad=False)
+
+    def run(q, k, v, dout):
+        q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+        out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                             return_attn_probs=True)
+        out.backward(dout)
+        return out.detach(), lse, q.grad, k.grad, v.grad
+
+    out, lse, dq, dk, dv = run(q, k, v, dout)
+    assert (out[last_q:] == 0).all() and torch.isposinf(lse[:, last_q:]).all()
+    assert (dq[last_q:] == 0).all() and (dk[last_k:] == 0).all() and (dv[last_k:] == 0).all()
+    trimmed = run(q[:last_q], k[:last_k], v[:last_k], dout[:last_q])
+    sequences = (out[:last_q], lse[:, :last_q], dq[:last_q], dk[:last_k], dv[:last_k])
+    for name, full, part in zip(("out", "lse", "dq", "dk", "dv"), sequences, trimmed):
+        if name == "dq":
+            torch.testing.assert_close(full, part, msg=name)
+        else:
+            assert torch.equal(full, part), name
+
+
 def sdpa_ref(query, key, value, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, dropout_mask=None):
     """torch SDPA semantics (causal top-left) for (batch, nheads, seqlen, headdim) or (nheads, seqlen, headdim).
     Returns (out in the input layout, lse (batch, nheads, seqlen_q) or (nheads, seqlen_q))."""

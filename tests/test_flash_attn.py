@@ -11,7 +11,8 @@ from functools import partial
 import pytest
 import torch
 
-from attention_utils import (alibi_slopes, expand_options, assert_finite, assert_zero_rows, check_attention, cu_seqlens,
+from attention_utils import (alibi_slopes, expand_options, assert_finite, assert_zero_rows, check_attention,
+                             check_rows_past_last_sequence, cu_seqlens,
                              dropout_mask_for, flash_ref, no_key_rows_flash, no_key_rows_varlen, pack, rand,
                              rand_qkv, sdpa_ref, sdpa_to_flash, unpack, varlen_inputs, varlen_lens, varlen_ref)
 from flashfuse import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
@@ -375,6 +376,14 @@ def test_flash_attn_varlen_kvpacked_func(device):
     out = flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, max(lens_q), max(lens_k), alibi_slopes=slopes)
     check_attention(lambda q, kv: varlen_ref(q, *kv.unbind(1), cu_q, cu_k, alibi_slopes=slopes),
                     {"q": q, "kv": kv}, out)
+
+
+def test_flash_attn_varlen_rows_past_last_sequence(device):
+    """A packed buffer longer than its sequences (cu_seqlens[-1] < total, as static-shape training pads it): the rows
+    past the last sequence belong to none: out 0, lse +inf and their gradients 0 (not whatever torch.empty held), and
+    the sequences' results are those of the trimmed buffers. Here the padding holds NaN (the Triton kernels never
+    read it; on Hopper it must be finite: test_flash_attn_varlen_gpu.py)."""
+    check_rows_past_last_sequence(device, float("nan"), F16, 32)
 
 
 # ----------------------------------------------------------------------------------------------------

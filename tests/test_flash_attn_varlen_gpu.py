@@ -10,8 +10,8 @@ from functools import partial
 import pytest
 import torch
 
-from attention_utils import (assert_zero_rows, check_attention, cu_seqlens, exact_fp32_reference,  # noqa: F401
-                             no_key_rows_varlen, rand, varlen_ref)
+from attention_utils import (assert_zero_rows, check_attention, check_rows_past_last_sequence, cu_seqlens,
+                             exact_fp32_reference, no_key_rows_varlen, rand, varlen_ref)  # noqa: F401
 from flashfuse import flash_attn_varlen_func
 from flashfuse.ops.attention import flash_bwd_hopper, flash_fwd_hopper
 
@@ -103,3 +103,14 @@ def test_varlen_gluon_repeats_gpu(headdim):
             torch.testing.assert_close(a[start:end], b[start:end], msg=name)
         else:
             assert torch.equal(a[start:end], b[start:end]), name
+
+
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_varlen_gluon_rows_past_last_sequence_gpu(headdim):
+    """Packed buffers longer than their sequences (cu_seqlens[-1] < total): out 0, lse +inf and gradients 0 in the
+    rows past the last sequence, every sequence's results those of the trimmed buffers. The Gluon kernels read those
+    rows at the last sequence's edge (TMA boxes), weighted by 0: they hold finite values here (random), as
+    flash_attn_varlen_func's docstring asks (NaN there: test_flash_attn.py, the Triton kernels)."""
+    if not flash_fwd_hopper.available(torch.device("cuda")):
+        pytest.skip("flash_fwd_hopper needs sm_90 and triton " + flash_fwd_hopper.GLUON_TRITON)
+    check_rows_past_last_sequence("cuda", 3.0, BF16, headdim)

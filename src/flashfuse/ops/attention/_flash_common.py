@@ -1,5 +1,6 @@
 """Pieces the FlashAttention forward and backward kernels share: sequence bounds, which key (or query)
-blocks a tile must visit, and the score function (scale, softcap, ALiBi, bias, masks).
+blocks a tile must visit, the score function (scale, softcap, ALiBi, bias, masks), and the varlen outputs' rows
+past the last sequence (fill_rows_past_sequences).
 
 Scores live in the log2 domain inside the kernels (s2 = s * log2(e)) so the softmax uses exp2, one
 multiply cheaper than exp. With x = q . k for query row i and key column j:
@@ -22,7 +23,7 @@ from typing import NamedTuple
 import triton
 import triton.language as tl
 
-from .._triton import tanh
+from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device, tanh
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
@@ -159,3 +160,41 @@ def kernel_options(*, head_dim, block_d, softmax_scale, window_left, window_righ
                    HAS_BIAS=has_bias, HAS_DROPOUT=has_dropout, BLOCK_D=block_d,
                    EVEN_D=block_d == head_dim),
     )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Varlen: the rows past the last sequence
+# ----------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _fill_rows_past_kernel(p_t, p_cu_seqlens, nseq, rows, row_elems, stride_outer, value, BLOCK: tl.constexpr):
+    """t[o, r, :] = value for every row r >= cu_seqlens[nseq] of t viewed as [outer, rows, row_elems], each outer
+    slice contiguous. The bound is read on the device (no host sync; CUDA-graph capturable), so the grid is fixed and
+    its programs stride over the tail, which is usually empty."""
+    pid, o = tl.program_id(0), tl.program_id(1)
+    start = tl.load(p_cu_seqlens + nseq).to(tl.int64) * row_elems
+    end = tl.cast(rows, tl.int64) * row_elems
+    p_t += tl.cast(o, tl.int64) * stride_outer
+    for first in range(start + pid * BLOCK, end, tl.num_programs(0) * BLOCK):
+        offs = first + tl.arange(0, BLOCK)
+        tl.store(p_t + offs, tl.full([BLOCK], value, p_t.dtype.element_ty), mask=offs < end)
+
+
+_FILL_BLOCK = 1024
+_launch_fill = LaunchCache(_fill_rows_past_kernel)
+_FILL_PLANS = PlanCache()
+
+
+def fill_rows_past_sequences(t, cu_seqlens, value: float = 0.0, row_dim: int = 0):
+    """Varlen outputs (out, lse, dq, dk, dv): the rows of t along row_dim past cu_seqlens[-1] (in no sequence: a
+    packed buffer longer than its sequences, as static-shape training pads them) set to ``value``, where torch.empty
+    left whatever was in memory. t contiguous (rows along dim 0 or, lse (heads, total), 1)."""
+    outer, rows = (1, t.shape[0]) if row_dim == 0 else (t.shape[0], t.shape[1])
+    if t.numel() == 0:
+        return t
+    row_elems = t.numel() // (outer * rows)
+    key = (t.shape, t.dtype, row_dim, cu_seqlens.numel(), launch_device())
+    launch = _FILL_PLANS.get(key, lambda: Launch(
+        _launch_fill, (min(cdiv(rows * row_elems, _FILL_BLOCK), 16), outer), BLOCK=_FILL_BLOCK, num_warps=4))
+    launch(t, cu_seqlens, cu_seqlens.numel() - 1, rows, row_elems, t.stride(0) if row_dim else 0, value)
+    return t

@@ -39,7 +39,8 @@ import triton.language as tl
 
 from ..._env import INTERPRET
 from .._triton import cdiv, dot, ensure_tma_allocator
-from ._flash_common import LOG2E, kernel_options, key_block_phases, query_block_phases, score_mod, seq_bounds
+from ._flash_common import (LOG2E, fill_rows_past_sequences, kernel_options, key_block_phases, query_block_phases,
+                            score_mod, seq_bounds)
 from . import flash_bwd_hopper
 from .dropout import dropout_keep
 from .flash_bwd_preprocess import _bwd_preprocess_kernel
@@ -524,7 +525,21 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     overrides the tile table of the Triton grid taken (backward_config / atomic_backward_config keys; for
     tuning; the Gluon kernel is then not used). fp32_grads: (dq, dk, dv) in float32 instead of the inputs'
     dtype, for callers that sum partial gradients (ring attention) and should round once, at the end.
-    Returns (dq, dk, dv), contiguous, shaped like q, k, v."""
+    Returns (dq, dk, dv), contiguous, shaped like q, k, v; varlen rows past cu_seqlens[-1] (in no sequence) 0."""
+    grads = _backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, window_left=window_left,
+                      window_right=window_right, bottom_right=bottom_right, softcap=softcap, alibi_slopes=alibi_slopes,
+                      attn_bias=attn_bias, dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
+                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                      deterministic=deterministic, fp32_grads=fp32_grads, atomic_dq=atomic_dq, config=config)
+    if cu_seqlens_q is not None:
+        for grad, cu in zip(grads, (cu_seqlens_q, cu_seqlens_k, cu_seqlens_k)):
+            fill_rows_past_sequences(grad, cu)
+    return grads
+
+
+def _backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, window_right, bottom_right, softcap,
+              alibi_slopes, attn_bias, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+              deterministic, fp32_grads, atomic_dq, config):
     is_varlen = cu_seqlens_q is not None
     score_extras = softcap > 0 or alibi_slopes is not None or attn_bias is not None or dropout_p > 0
     extras = score_extras or window_left >= 0           # the Triton grid's small tiles (atomic_backward_config)

@@ -38,7 +38,8 @@ import triton.language as tl
 
 from ..._env import INTERPRET
 from .._triton import cdiv, dot, ensure_tma_allocator, next_power_of_2, sm_count
-from ._flash_common import LOG2E, kernel_options, key_block_phases, score_mod, seq_bounds
+from ._flash_common import (LOG2E, fill_rows_past_sequences, kernel_options, key_block_phases, score_mod,
+                            seq_bounds)
 from .dropout import dropout_keep
 from . import flash_fwd_hopper
 
@@ -550,7 +551,20 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
     out: like q, contiguous. lse: (batch, nheads_q, seqlen_q) or varlen (nheads_q, total_q), fp32.
     window_left/right = -1 means unbounded; causal is window_right = 0. attn_bias: broadcast view
     (batch, nheads_q, seqlen_q, seqlen_k), float. rng_state: int64 (seed, offset) when dropout_p > 0.
+    Varlen rows past cu_seqlens_q[-1] (in no sequence) get out 0 and lse +inf.
     """
+    out, lse = _forward(q, k, v, softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
+                        bottom_right=bottom_right, softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
+                        dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
+                        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    if cu_seqlens_q is not None:
+        fill_rows_past_sequences(out, cu_seqlens_q)
+        fill_rows_past_sequences(lse, cu_seqlens_q, float("inf"), row_dim=1)
+    return out, lse
+
+
+def _forward(q, k, v, *, softmax_scale, window_left, window_right, bottom_right, softcap, alibi_slopes, attn_bias,
+             dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
     is_varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
     nheads_q, nheads_k = q.shape[-2], k.shape[-2]
