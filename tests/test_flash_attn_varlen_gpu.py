@@ -58,7 +58,7 @@ def test_varlen_gluon_forward_gpu(monkeypatch, seed, dtype, headdim, heads, max_
     assert lse.shape == (nheads_q, total_q)
     grads, (_, ref_lse, _) = check_attention(partial(varlen_ref, cu_q=cu_q, cu_k=cu_k, **opts),
                                              {"q": q, "k": k, "v": v}, out, lse=lse, ref_dtype=torch.float32)
-    assert calls[1:] and set(calls[1:]) == {("hopper_backward", True)}, "the varlen backward did not take the Gluon kernel"
+    assert calls[1:] and set(calls[1:]) == {("hopper_backward", True)}, "the varlen backward took another kernel"
     empty = no_key_rows_varlen(ref_lse)
     if not same and opts.get("causal"):
         assert empty.any()                # the max_len query over max_len // 3 keys

@@ -186,10 +186,10 @@ def test_hopper_forward_plan():
 
 
 def test_hopper_backward_plan(monkeypatch):
-    """flash_bwd_hopper's Gluon backward: without the score extras, 16-bit (varlen's packed tensors too), at head dims 33..256 (computed
-    at 64 / 128 / 256), where the device can run it (never in the interpreter); deterministic=True only at 256, whose
-    dQ pass adds nothing across programs (elsewhere dQ is added by TMA reduce-adds). The kernels run in the GPU tier
-    (test_flash_attn_gpu.py)."""
+    """flash_bwd_hopper's Gluon backward: without the score extras, 16-bit (varlen's packed tensors too), at head
+    dims 33..256 (computed at 64 / 128 / 256), where the device can run it (never in the interpreter);
+    deterministic=True only at 256, whose dQ pass adds nothing across programs (elsewhere dQ is added by TMA
+    reduce-adds). The kernels run in the GPU tier (test_flash_attn_gpu.py, test_flash_attn_varlen_gpu.py)."""
     from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper as hopper
 
     q = torch.empty(2, 256, 4, 128, dtype=torch.bfloat16)

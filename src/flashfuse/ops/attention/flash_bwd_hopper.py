@@ -46,8 +46,10 @@ Varlen (IS_VARLEN, session 40): the descriptors see the packed tensors as one ba
 sequence's bounds from cu_seqlens (key blocks past the sequence's end do nothing), P is masked for the rows past the
 sequence's end too (they are the next sequence's queries), dQ's reduce-add adds zeros there, and the sequence's last
 dK / dV block is stored from registers with its rows masked (a TMA box would overwrite the next sequence's rows).
-lse2 / delta start each sequence at a 16-byte boundary (_vec_start: an unaligned fp32 box is an illegal instruction). Used only on the triton release
-it was written and measured against (flash_fwd_hopper.GLUON_TRITON); flash_bwd's Triton grid everywhere else.
+lse2 / delta start each sequence at a 16-byte boundary (_vec_start: an unaligned fp32 box is an illegal instruction).
+
+Used only on the triton release it was written and measured against (flash_fwd_hopper.GLUON_TRITON); flash_bwd's
+Triton grid everywhere else.
 """
 
 from __future__ import annotations
