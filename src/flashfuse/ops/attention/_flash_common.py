@@ -20,6 +20,7 @@ unmasked, ``[full_hi, hi)`` masked, so the steady-state loop carries no masking 
 import math
 from typing import NamedTuple
 
+import torch
 import triton
 import triton.language as tl
 
@@ -183,6 +184,13 @@ def _fill_rows_past_kernel(p_t, p_cu_seqlens, nseq, rows, row_elems, stride_oute
 _FILL_BLOCK = 1024
 _launch_fill = LaunchCache(_fill_rows_past_kernel)
 _FILL_PLANS = PlanCache()
+
+
+def empty_packed(shape, dtype, device, cu_seqlens=None, value: float = 0.0, row_dim: int = 0):
+    """torch.empty for a kernel's output; varlen (cu_seqlens given): with the rows past cu_seqlens[-1] set to
+    ``value`` (fill_rows_past_sequences). No kernel writes those rows, so they are filled before it runs."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    return t if cu_seqlens is None else fill_rows_past_sequences(t, cu_seqlens, value, row_dim)
 
 
 def fill_rows_past_sequences(t, cu_seqlens, value: float = 0.0, row_dim: int = 0):

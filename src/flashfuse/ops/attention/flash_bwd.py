@@ -39,8 +39,8 @@ import triton.language as tl
 
 from ..._env import INTERPRET
 from .._triton import cdiv, dot, ensure_tma_allocator
-from ._flash_common import (LOG2E, fill_rows_past_sequences, kernel_options, key_block_phases, query_block_phases,
-                            score_mod, seq_bounds)
+from ._flash_common import (LOG2E, empty_packed, kernel_options, key_block_phases, query_block_phases, score_mod,
+                            seq_bounds)
 from . import flash_bwd_hopper
 from .dropout import dropout_keep
 from .flash_bwd_preprocess import _bwd_preprocess_kernel
@@ -526,20 +526,6 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     tuning; the Gluon kernel is then not used). fp32_grads: (dq, dk, dv) in float32 instead of the inputs'
     dtype, for callers that sum partial gradients (ring attention) and should round once, at the end.
     Returns (dq, dk, dv), contiguous, shaped like q, k, v; varlen rows past cu_seqlens[-1] (in no sequence) 0."""
-    grads = _backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, window_left=window_left,
-                      window_right=window_right, bottom_right=bottom_right, softcap=softcap, alibi_slopes=alibi_slopes,
-                      attn_bias=attn_bias, dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
-                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                      deterministic=deterministic, fp32_grads=fp32_grads, atomic_dq=atomic_dq, config=config)
-    if cu_seqlens_q is not None:
-        for grad, cu in zip(grads, (cu_seqlens_q, cu_seqlens_k, cu_seqlens_k)):
-            fill_rows_past_sequences(grad, cu)
-    return grads
-
-
-def _backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, window_right, bottom_right, softcap,
-              alibi_slopes, attn_bias, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-              deterministic, fp32_grads, atomic_dq, config):
     is_varlen = cu_seqlens_q is not None
     score_extras = softcap > 0 or alibi_slopes is not None or attn_bias is not None or dropout_p > 0
     extras = score_extras or window_left >= 0           # the Triton grid's small tiles (atomic_backward_config)
@@ -559,7 +545,8 @@ def _backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, window_rig
     head_dim = q.shape[-1]
     nheads_q, nheads_k = q.shape[-2], k.shape[-2]
     grad_dtype = torch.float32 if fp32_grads else q.dtype
-    dq, dk, dv = (torch.empty(t.shape, dtype=grad_dtype, device=t.device) for t in (q, k, v))
+    dq, dk, dv = (empty_packed(t.shape, grad_dtype, t.device, cu) for t, cu in
+                  ((q, cu_seqlens_q), (k, cu_seqlens_k), (v, cu_seqlens_k)))
     # The fp32 dQ accumulator (shaped like q, contiguous); a dummy pointer on the deterministic path.
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if use_atomic else dq
     if is_varlen:

@@ -58,6 +58,7 @@ import torch
 
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device
 from . import flash_bwd_dq_hopper, flash_fwd_hopper
+from ._flash_common import empty_packed
 from .flash_bwd_dq_hopper import vector_geometry
 from .flash_bwd_preprocess import hopper_backward_inputs
 from .flash_fwd_hopper import _smem_layout, gluon, kernel_head_dim, packed_geometry, sequence_geometry
@@ -115,7 +116,8 @@ if gluon is not None:
                    BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
         """This program's (TMA batch coordinate b, first query row, first key row of its sequence, the sequence's
         seqlen_q and seqlen_k, kv head, first key n0 within the sequence, the causal offset off, first query block,
-        number of query blocks, live, the column of the sequence's first row in lse2 / delta). Query q sees key k iff q + off - window_left <= k <= q + off + window_right.
+        number of query blocks, live, the column of the sequence's first row in lse2 / delta). Query q sees key k
+        iff q + off - window_left <= k <= q + off + window_right.
         Varlen (flash_fwd_hopper._seq_bounds): sequence i_b of the packed tensors, seqlen_q / _k the longest
         sequence's (the grid has that many key blocks per sequence); a key block past its sequence's end is not live:
         it has no steps and loads and stores nothing."""
@@ -415,9 +417,9 @@ if gluon is not None:
         # unused). SCORES_T: _bwd_consumer (scores transposed; DS_SMEM for [BLOCK_N, BLOCK_M]), else
         # _bwd_consumer_rows (DS_SMEM for [BLOCK_M, BLOCK_N], also P's layout). DQ_PASS (rows only): dK and dV alone,
         # no dQ product (flash_bwd_dq_hopper's pass writes dQ; the dq descriptor unused). IS_VARLEN: the tensors
-        # packed (total, heads, head_dim), seen as batch 1 ([1, total, heads, head_dim]; lse2, delta [nheads_q, total_q],
-        # zero past the last sequence), sequences bounded by the int32 p_cu_seqlens_q / _k, seqlen_q / _k the
-        # longest sequence's. Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the
+        # packed (total, heads, head_dim), seen as batch 1 ([1, total, heads, head_dim]; lse2, delta [nheads_q,
+        # vector_rows], each sequence from its _vec_start), sequences bounded by the int32 p_cu_seqlens_q / _k,
+        # seqlen_q / _k the longest sequence's. Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the
         # default partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
         gl.static_assert(BLOCK_N == 128 or (BLOCK_N == 64 and not SCORES_T))
@@ -534,21 +536,19 @@ class _BackwardPlan:
         if varlen is None:
             batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
         else:
-            (n_cu, seqlen_q, seqlen_k), batch = varlen, varlen[0] - 1
+            batch, seqlen_q, seqlen_k = varlen[0] - 1, varlen[1], varlen[2]
 
         def geometry(t, box, dtype=q.dtype):
             entries, rows, heads, strides = packed_geometry(t, varlen)
             return sequence_geometry(entries, rows, heads, head_dim, strides, box, dtype, kernel_dim)
 
         vec = vector_geometry(q, block_m, varlen)
-        contiguous = dict(dtype=torch.float32, device="meta")
+        dq_acc = torch.empty(q.shape, dtype=torch.float32, device="meta")       # contiguous, shaped like q
         self.descriptors = [       # (shape, strides, box, layout) of q, k, v, dout, lse2, delta, dq_acc, dk, dv
             geometry(q, block_m), geometry(k, block_n), geometry(v, block_n), geometry(dout, block_m), vec, vec,
-            geometry(torch.empty(q.shape, **contiguous), block_m, torch.float32),
-            geometry(torch.empty(k.shape, **contiguous), block_n, dk.dtype),
-            geometry(torch.empty(k.shape, **contiguous), block_n, dk.dtype)]
-        dkv_strides = packed_geometry(torch.empty(k.shape, **contiguous), varlen)[3]
-        self.sizes = (*dkv_strides[:3], head_dim)
+            geometry(dq_acc, block_m, torch.float32), geometry(dk, block_n, dk.dtype),
+            geometry(dk, block_n, dk.dtype)]                                    # dv: shaped and laid out like dk
+        self.sizes = (*packed_geometry(dk, varlen)[3][:3], head_dim)
         self.shape = (nheads_q, nheads_k, seqlen_q, seqlen_k)
         self.windows = (window_left, window_right)
         self.launch = Launch(
@@ -576,13 +576,13 @@ def gluon_backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, windo
     delta, lse2, dq_acc = hopper_backward_inputs(out, dout, lse, config["BLOCK_M"], cu_seqlens_q=cu_seqlens_q,
                                                  max_seqlen_q=max_seqlen_q)
     grad_dtype = torch.float32 if fp32_grads else k.dtype
-    dk, dv = (torch.empty(t.shape, dtype=grad_dtype, device=t.device) for t in (k, v))
+    dk, dv = (empty_packed(t.shape, grad_dtype, t.device, cu_seqlens_k) for t in (k, v))
     scales = dict(qk_scale=softmax_scale * LOG2E, sm_scale=softmax_scale, window_right=window_right,
                   bottom_right=bottom_right, window_left=window_left)
     hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, config=config, **scales, **varlen)
     if config["DQ_PASS"]:
         assert config["BLOCK_M"] == flash_bwd_dq_hopper.DQ_CONFIG["BLOCK_M"]       # lse2 / delta rows
-        dq = torch.empty(q.shape, dtype=torch.float32 if fp32_grads else q.dtype, device=q.device)
+        dq = empty_packed(q.shape, torch.float32 if fp32_grads else q.dtype, q.device, cu_seqlens_q)
         flash_bwd_dq_hopper.hopper_backward_dq(dout, q, k, v, lse2, delta, dq, **scales, **varlen)
         return dq, dk, dv
     return (dq_acc if fp32_grads else dq_acc.to(q.dtype)), dk, dv

@@ -38,8 +38,7 @@ import triton.language as tl
 
 from ..._env import INTERPRET
 from .._triton import cdiv, dot, ensure_tma_allocator, next_power_of_2, sm_count
-from ._flash_common import (LOG2E, fill_rows_past_sequences, kernel_options, key_block_phases, score_mod,
-                            seq_bounds)
+from ._flash_common import LOG2E, empty_packed, kernel_options, key_block_phases, score_mod, seq_bounds
 from .dropout import dropout_keep
 from . import flash_fwd_hopper
 
@@ -553,26 +552,14 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
     (batch, nheads_q, seqlen_q, seqlen_k), float. rng_state: int64 (seed, offset) when dropout_p > 0.
     Varlen rows past cu_seqlens_q[-1] (in no sequence) get out 0 and lse +inf.
     """
-    out, lse = _forward(q, k, v, softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
-                        bottom_right=bottom_right, softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
-                        dropout_p=dropout_p, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
-                        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    if cu_seqlens_q is not None:
-        fill_rows_past_sequences(out, cu_seqlens_q)
-        fill_rows_past_sequences(lse, cu_seqlens_q, float("inf"), row_dim=1)
-    return out, lse
-
-
-def _forward(q, k, v, *, softmax_scale, window_left, window_right, bottom_right, softcap, alibi_slopes, attn_bias,
-             dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
     is_varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
     nheads_q, nheads_k = q.shape[-2], k.shape[-2]
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = empty_packed(q.shape, q.dtype, q.device, cu_seqlens_q)
     if is_varlen:
         batch = cu_seqlens_q.numel() - 1
         seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
-        lse = torch.empty(nheads_q, q.shape[0], dtype=torch.float32, device=q.device)
+        lse = empty_packed((nheads_q, q.shape[0]), torch.float32, q.device, cu_seqlens_q, float("inf"), row_dim=1)
         q_strides, k_strides, v_strides, o_strides = ((0,) + t.stride() for t in (q, k, v, out))
         lse_strides = (0, lse.stride(0))
     else:
