@@ -381,8 +381,8 @@ def test_flash_attn_varlen_kvpacked_func(device):
 def test_flash_attn_varlen_rows_past_last_sequence(device):
     """A packed buffer longer than its sequences (cu_seqlens[-1] < total, as static-shape training pads it): the rows
     past the last sequence belong to none: out 0, lse +inf and their gradients 0 (not whatever torch.empty held), and
-    the sequences' results are those of the trimmed buffers. Here the padding holds NaN (the Triton kernels never
-    read it; on Hopper it must be finite: test_flash_attn_varlen_gpu.py)."""
+    the sequences' results are those of the trimmed buffers, with NaN in q, k, v and dout there (the Hopper kernels:
+    test_flash_attn_varlen_gpu.py)."""
     check_rows_past_last_sequence(device, float("nan"), F16, 32)
 
 

@@ -105,12 +105,13 @@ def test_varlen_gluon_repeats_gpu(headdim):
             assert torch.equal(a[start:end], b[start:end]), name
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("headdim", [64, 128, 256])
-def test_varlen_gluon_rows_past_last_sequence_gpu(headdim):
-    """Packed buffers longer than their sequences (cu_seqlens[-1] < total): out 0, lse +inf and gradients 0 in the
-    rows past the last sequence, every sequence's results those of the trimmed buffers. The Gluon kernels read those
-    rows at the last sequence's edge (TMA boxes), weighted by 0: they hold finite values here (random), as
-    flash_attn_varlen_func's docstring asks (NaN there: test_flash_attn.py, the Triton kernels)."""
+def test_varlen_gluon_rows_past_last_sequence_gpu(headdim, causal):
+    """Packed buffers longer than their sequences (cu_seqlens[-1] < total) with NaN in q, k, v and dout there: out 0,
+    lse +inf and gradients 0 in those rows, every sequence's results those of the trimmed buffers. The Gluon kernels'
+    TMA boxes at the last sequence's end hold those rows; they are zeroed in shared memory (0 * NaN in the products
+    would reach the last sequence)."""
     if not flash_fwd_hopper.available(torch.device("cuda")):
         pytest.skip("flash_fwd_hopper needs sm_90 and triton " + flash_fwd_hopper.GLUON_TRITON)
-    check_rows_past_last_sequence("cuda", 3.0, BF16, headdim)
+    check_rows_past_last_sequence("cuda", float("nan"), BF16, headdim, causal)

@@ -6,7 +6,7 @@ os.environ["TRITON_INTERPRET"] = "0"
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
-sys.path.insert(0, "src")
+sys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else "src")
 import flashfuse.ops.attention.flash_fwd_hopper as H
 TARGET = GPUTarget("cuda", 90, 32)
 

@@ -29,7 +29,7 @@ if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                   warpgroup_mma, warpgroup_mma_wait)
 
-    from .flash_fwd_hopper import _seq_bounds, _tma_box
+    from .flash_fwd_hopper import _load_zeroed, _packed_end, _seq_bounds, _tma_box
 
     @gluon.jit
     def _query_block(cu_seqlens, seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT: gl.constexpr,
@@ -68,6 +68,17 @@ if gluon is not None:
                 n_blocks = 0
         return (b, q_start, k_start, seqlen_q, seqlen_k, i_bh % nheads_q, m0, off, j0, n_blocks, live,
                 _vec_start(i_bh // nheads_q, q_start, IS_VARLEN))
+
+    @gluon.jit
+    def _alloc_vector_rows(STAGES: gl.constexpr, BLOCK_M: gl.constexpr):
+        """[STAGES, BLOCK_M] fp32 in shared memory for lse2 / delta rows: plain rows, each written by TMA as its
+        [1, BLOCK_M] box (_tma_box), allocated in that box's layout. A TMA destination must be 128-byte aligned and an
+        allocation in the plain layout is aligned to 16 bytes only: with one 8-byte barrier more, one landed 272 bytes
+        off and the load faulted (misaligned address, session 41)."""
+        buf = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M],
+                                        gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+        return buf._reinterpret(gl.float32, [STAGES, BLOCK_M],
+                                gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 
     @gluon.jit
     def _vec_start(i_b, q_start, IS_VARLEN: gl.constexpr):
@@ -111,12 +122,16 @@ if gluon is not None:
     @gluon.jit
     def _dq_producer(descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
-        """One warp: Q + lse2 and dO + delta once, then K_j and V_j into slot j % NUM_STAGES once it is free."""
+                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, zfill):
+        """One warp: Q + lse2 and dO + delta once, then K_j and V_j into slot j % NUM_STAGES once it is free.
+        Varlen: K / V boxes reaching past cu_seqlens_k[-1] get those rows zeroed as flash_bwd_hopper's producer
+        does (Q / dO rows past the sequence reach only their own dQ rows, which are not stored)."""
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc = descs
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem = smem
         q_ready, do_ready, k_ready, v_ready, empty = bars
         nheads_q, group, seqlen_q, seqlen_k = shape
+        k_end = _packed_end(cu_seqlens[1], gl.num_programs(0) // (gl.cdiv(seqlen_q, BLOCK_M) * nheads_q), IS_VARLEN)
+        zphase = 0
         b, q_start, k_start, _, _, i_h, m0, _, j0, n_blocks, live, vec0 = _query_block(
             cu_seqlens, seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
             BLOCK_N)
@@ -134,12 +149,19 @@ if gluon is not None:
         for j in range(n_blocks):
             slot = j % NUM_STAGES
             mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)      # the first pass finds slots free
-            mbarrier.expect(k_ready.index(slot), BLOCK_N * HEAD_DIM * 2)
-            tma.async_copy_global_to_shared(k_desc, [b, k_start + (j0 + j) * BLOCK_N, i_hk, 0], k_ready.index(slot),
-                                            _tma_box(k_smem.index(slot), k_desc))
-            mbarrier.expect(v_ready.index(slot), BLOCK_N * HEAD_DIM * 2)
-            tma.async_copy_global_to_shared(v_desc, [b, k_start + (j0 + j) * BLOCK_N, i_hk, 0], v_ready.index(slot),
-                                            _tma_box(v_smem.index(slot), v_desc))
+            k_row = k_start + (j0 + j) * BLOCK_N
+            if IS_VARLEN and k_row + BLOCK_N > k_end:
+                zphase = _load_zeroed(k_desc, [b, k_row, i_hk, 0], k_smem.index(slot), k_ready.index(slot),
+                                      BLOCK_N * HEAD_DIM * 2, zfill, zphase, k_end - k_row)
+                zphase = _load_zeroed(v_desc, [b, k_row, i_hk, 0], v_smem.index(slot), v_ready.index(slot),
+                                      BLOCK_N * HEAD_DIM * 2, zfill, zphase, k_end - k_row)
+            else:
+                mbarrier.expect(k_ready.index(slot), BLOCK_N * HEAD_DIM * 2)
+                tma.async_copy_global_to_shared(k_desc, [b, k_row, i_hk, 0], k_ready.index(slot),
+                                                _tma_box(k_smem.index(slot), k_desc))
+                mbarrier.expect(v_ready.index(slot), BLOCK_N * HEAD_DIM * 2)
+                tma.async_copy_global_to_shared(v_desc, [b, k_row, i_hk, 0], v_ready.index(slot),
+                                                _tma_box(v_smem.index(slot), v_desc))
 
     @gluon.jit
     def _dq_consumer(smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, HAS_LEFT: gl.constexpr,
@@ -222,9 +244,8 @@ if gluon is not None:
         do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
         k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
         v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
-        vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-        lse_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec_smem)
-        delta_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec_smem)
+        lse_smem = _alloc_vector_rows(1, BLOCK_M).index(0)
+        delta_smem = _alloc_vector_rows(1, BLOCK_M).index(0)
         ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
         q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         do_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -237,6 +258,13 @@ if gluon is not None:
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
+        # varlen: the producer zeroes rows past cu_seqlens[-1] (_load_zeroed): 24 registers spilled 32 bytes there
+        PRODUCER_REGS: gl.constexpr = 48 if IS_VARLEN else 24
+        if IS_VARLEN:       # the producer's own barrier for boxes it zeroes rows of (flash_fwd_hopper._zero_rows)
+            zfill = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            mbarrier.init(zfill, count=1)
+        else:
+            zfill = q_ready                  # never used
 
         descs = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc)
         smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem)
@@ -249,8 +277,8 @@ if gluon is not None:
             (_dq_consumer, (smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT,
                             BOTTOM_RIGHT, IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
             (_dq_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                            IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
-        ], [1], [24])
+                            IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, zfill)),
+        ], [1], [PRODUCER_REGS])
 
     _launch_dq = LaunchCache(_flash_bwd_dq_hopper_kernel)
 

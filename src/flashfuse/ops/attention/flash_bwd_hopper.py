@@ -47,6 +47,8 @@ sequence's bounds from cu_seqlens (key blocks past the sequence's end do nothing
 sequence's end too (they are the next sequence's queries), dQ's reduce-add adds zeros there, and the sequence's last
 dK / dV block is stored from registers with its rows masked (a TMA box would overwrite the next sequence's rows).
 lse2 / delta start each sequence at a 16-byte boundary (_vec_start: an unaligned fp32 box is an illegal instruction).
+Boxes reaching past cu_seqlens[-1] (a buffer padded past its sequences holds anything there, NaN included) have those
+rows zeroed by the producer before the consumer sees them (session 41, flash_fwd_hopper._zero_rows).
 
 Used only on the triton release it was written and measured against (flash_fwd_hopper.GLUON_TRITON); flash_bwd's
 Triton grid everywhere else.
@@ -75,8 +77,8 @@ if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                   warpgroup_mma, warpgroup_mma_wait)
 
-    from .flash_bwd_dq_hopper import _mask_rows, _vec_start
-    from .flash_fwd_hopper import _seq_bounds, _tma_box
+    from .flash_bwd_dq_hopper import _alloc_vector_rows, _mask_rows, _vec_start
+    from .flash_fwd_hopper import _packed_end, _seq_bounds, _tma_box, _zero_rows
 
     @builtin
     def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
@@ -145,35 +147,74 @@ if gluon is not None:
     @gluon.jit
     def _bwd_producer(descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                       BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+                      zfill):
         """One warp: K and V once, then per step (query head of the group, query block) Q + lse2 and dO + delta
-        into slot i % NUM_STAGES once the consumer released it."""
+        into slot i % NUM_STAGES once the consumer released it. Varlen: boxes reaching past cu_seqlens[-1] land on
+        zfill, have those rows zeroed (flash_fwd_hopper._zero_rows: 0 * NaN in dS^T Q, P^T dO, dO V^T or dS K would
+        reach the sequences), then are released on their ready barriers."""
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
         kv_ready, q_ready, do_ready, empty = bars
         nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
+        n_seqs = gl.num_programs(0) // (gl.cdiv(seqlen_k, BLOCK_N) * nheads_k)        # (_program's grid)
+        q_end = _packed_end(cu_seqlens[0], n_seqs, IS_VARLEN)
+        k_end = _packed_end(cu_seqlens[1], n_seqs, IS_VARLEN)
         b, q_start, k_start, _, _, i_hk, n0, _, m_first, n_steps, live, vec0 = _key_block(
             cu_seqlens, seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
             BLOCK_N)
+        zphase = 0
         if live:
-            mbarrier.expect(kv_ready, 2 * BLOCK_N * HEAD_DIM * 2)
-            tma.async_copy_global_to_shared(k_desc, [b, k_start + n0, i_hk, 0], kv_ready, _tma_box(k_smem, k_desc))
-            tma.async_copy_global_to_shared(v_desc, [b, k_start + n0, i_hk, 0], kv_ready, _tma_box(v_smem, v_desc))
+            if IS_VARLEN and k_start + n0 + BLOCK_N > k_end:
+                _load_kv(k_desc, v_desc, k_smem, v_smem, zfill, [b, k_start + n0, i_hk, 0], BLOCK_N * HEAD_DIM * 2)
+                mbarrier.wait(zfill, zphase)
+                zphase ^= 1
+                _zero_rows(k_smem, k_end - k_start - n0)
+                _zero_rows(v_smem, k_end - k_start - n0)
+                mbarrier.arrive(kv_ready, count=1)
+            else:
+                _load_kv(k_desc, v_desc, k_smem, v_smem, kv_ready, [b, k_start + n0, i_hk, 0],
+                         BLOCK_N * HEAD_DIM * 2)
             for i in range(group * n_steps):
                 i_h, m0 = _step(i, i_hk, group, m_first, n_steps, BLOCK_M)
                 row = q_start + m0
                 slot = i % NUM_STAGES
                 mbarrier.wait(empty.index(slot), ((i // NUM_STAGES) & 1) ^ 1)    # the first pass finds slots free
-                mbarrier.expect(q_ready.index(slot), BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
-                tma.async_copy_global_to_shared(q_desc, [b, row, i_h, 0], q_ready.index(slot),
-                                                _tma_box(q_smem.index(slot), q_desc))
-                tma.async_copy_global_to_shared(lse_desc, [b * nheads_q + i_h, vec0 + m0], q_ready.index(slot),
-                                                _tma_box(lse_smem.index(slot), lse_desc))
-                mbarrier.expect(do_ready.index(slot), BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
-                tma.async_copy_global_to_shared(do_desc, [b, row, i_h, 0], do_ready.index(slot),
-                                                _tma_box(do_smem.index(slot), do_desc))
-                tma.async_copy_global_to_shared(delta_desc, [b * nheads_q + i_h, vec0 + m0], do_ready.index(slot),
-                                                _tma_box(delta_smem.index(slot), delta_desc))
+                coords = ([b, row, i_h, 0], [b * nheads_q + i_h, vec0 + m0])
+                if IS_VARLEN and row + BLOCK_M > q_end:
+                    _load_query_rows(descs, smem, slot, zfill, zfill, coords, BLOCK_M, HEAD_DIM, True)
+                    mbarrier.wait(zfill, zphase)
+                    zphase ^= 1
+                    _zero_rows(q_smem.index(slot), q_end - row)
+                    _zero_rows(do_smem.index(slot), q_end - row)
+                    mbarrier.arrive(q_ready.index(slot), count=1)
+                    mbarrier.arrive(do_ready.index(slot), count=1)
+                else:
+                    _load_query_rows(descs, smem, slot, q_ready.index(slot), do_ready.index(slot), coords, BLOCK_M,
+                                     HEAD_DIM, False)
+
+    @gluon.jit
+    def _load_kv(k_desc, v_desc, k_smem, v_smem, bar, coord, tile_bytes):
+        mbarrier.expect(bar, 2 * tile_bytes)
+        tma.async_copy_global_to_shared(k_desc, coord, bar, _tma_box(k_smem, k_desc))
+        tma.async_copy_global_to_shared(v_desc, coord, bar, _tma_box(v_smem, v_desc))
+
+    @gluon.jit
+    def _load_query_rows(descs, smem, slot, q_bar, do_bar, coords, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+                         ONE_BAR: gl.constexpr):
+        """Q + lse2 onto q_bar, dO + delta onto do_bar, or, ONE_BAR, all four onto q_bar (one expect: a second
+        arrival would complete the barrier's phase early or count toward the next)."""
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs
+        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
+        tile_coord, vec_coord = coords
+        nbytes: gl.constexpr = BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4
+        mbarrier.expect(q_bar, 2 * nbytes if ONE_BAR else nbytes)
+        tma.async_copy_global_to_shared(q_desc, tile_coord, q_bar, _tma_box(q_smem.index(slot), q_desc))
+        tma.async_copy_global_to_shared(lse_desc, vec_coord, q_bar, _tma_box(lse_smem.index(slot), lse_desc))
+        if not ONE_BAR:
+            mbarrier.expect(do_bar, nbytes)
+        tma.async_copy_global_to_shared(do_desc, tile_coord, do_bar, _tma_box(do_smem.index(slot), do_desc))
+        tma.async_copy_global_to_shared(delta_desc, vec_coord, do_bar, _tma_box(delta_smem.index(slot), delta_desc))
 
     @gluon.jit
     def _bwd_consumer(descs, smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale,
@@ -429,10 +470,8 @@ if gluon is not None:
         do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
         k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], KV_SMEM)
         v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], KV_SMEM)
-        # lse2 / delta rows: plain (unswizzled) rows, seen by TMA as its [1, BLOCK_M] box (_tma_box)
-        vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-        lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], vec_smem)
-        delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], vec_smem)
+        lse_smem = _alloc_vector_rows(NUM_STAGES, BLOCK_M)      # lse2 / delta rows, TMA-written
+        delta_smem = _alloc_vector_rows(NUM_STAGES, BLOCK_M)
         if DQ_PASS:
             dq_smem = delta_smem             # never used: no dQ slots
         else:
@@ -446,6 +485,11 @@ if gluon is not None:
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(do_ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
+        if IS_VARLEN:       # the producer's own barrier for boxes it zeroes rows of (flash_fwd_hopper._zero_rows)
+            zfill = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            mbarrier.init(zfill, count=1)
+        else:
+            zfill = kv_ready                 # never used
 
         descs = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc)
         bars = (kv_ready, q_ready, do_ready, empty)
@@ -461,7 +505,7 @@ if gluon is not None:
                                  HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM,
                                  NUM_STAGES)),
                 (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                                 IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                                 IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, zfill)),
             ], [1], [24])
         else:
             ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
@@ -472,7 +516,7 @@ if gluon is not None:
                                       sm_scale, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, FP32_GRADS, BLOCK_M,
                                       BLOCK_N, HEAD_DIM, NUM_STAGES, DQ_PASS)),
                 (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                                 IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                                 IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, zfill)),
             ], [1], [24])
 
     _launch_backward = LaunchCache(_flash_bwd_hopper_kernel)

@@ -42,7 +42,8 @@ Scope: the common case, as flash_fwd's fast kernel, plus sliding windows and var
 block its first row sees, and the blocks before the first key its last row sees get the left mask; session 37).
 Varlen (IS_VARLEN, session 39): the descriptors see the packed tensors as one batch entry, a tile reads its sequence's
 bounds from cu_seqlens, row blocks past a sequence's end are skipped and O leaves from registers with its rows masked
-(a TMA box would overwrite the next sequence's first rows). Head dims 64, 128 and 256, and those between (33..256)
+(a TMA box would overwrite the next sequence's first rows); a V box reaching past cu_seqlens[-1] has those rows zeroed
+by the producer (_zero_rows: NaN padding must not reach the last sequence, session 41). Head dims 64, 128 and 256, and those between (33..256)
 padded to them by the TMA boxes alone (kernel_head_dim); at 256 O leaves from registers (O_FROM_REGS: its
 shared-memory slots do not fit beside Q and K / V). Configs: flash_fwd_hopper_configs.py.
 Gluon is triton's lower-level dialect and its API still moves between releases, so this kernel is used only on the
@@ -141,6 +142,53 @@ if gluon is not None:
         return buf._reinterpret(buf.dtype, desc.block_type.shape, desc.layout)
 
     @gluon.jit
+    def _zero_rows(tile, first):
+        """One warp (a producer): zero rows first.. of a [rows, cols] 16-bit shared-memory tile that TMA has filled
+        (128-byte swizzle), and fence the stores for the wgmma that reads the tile next (the producer's arrival on the
+        tile's ready barrier then publishes them). Varlen: a TMA box at the end of the packed tensors reaches past
+        cu_seqlens[-1] into rows of no sequence (a buffer padded to a static shape: anything there, NaN included);
+        the products weight those rows by zero, and 0 * NaN is NaN (sglang issue 18659: FlashAttention-3's kernels
+        let such rows into the last sequence).
+        The tile is walked as its swizzle atoms, [8 rows, 64 columns] = 1024 bytes each, column blocks outermost (the
+        layout TMA writes: one box per 128-byte column block), in a loop (unrolled: ~1400 instructions of cold code)."""
+        gl.static_assert(tile.layout.swizzle_byte_width == 128)
+        ROWS: gl.constexpr = tile.shape[0]
+        COLS: gl.constexpr = 64
+        N_COLS: gl.constexpr = tile.shape[1] // COLS
+        atoms = tile._reinterpret(tile.dtype, [N_COLS * ROWS // 8, 8, COLS],
+                                  gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, 1], [1, 0])
+        rows = gl.arange(0, 8, layout=gl.SliceLayout(1, layout))
+        for r in range(first // 8, ROWS // 8):
+            hidden = gl.expand_dims(r * 8 + rows >= first, 1)
+            for c in gl.static_range(N_COLS):
+                atom = atoms.index(c * (ROWS // 8) + r)
+                x = atom.load(layout)
+                atom.store(gl.where(hidden, gl.zeros_like(x), x))
+        fence_async_shared()
+        gl.thread_barrier()
+
+    @gluon.jit
+    def _load_zeroed(desc, coord, tile, ready, nbytes, zfill, zphase, first):
+        """One warp: TMA-load tile (nbytes, desc at coord), zero its rows first.. (_zero_rows), then arrive on ready,
+        the barrier its readers wait on: the load itself completes on zfill, the producer's own barrier (count 1,
+        phase zphase). Returns zfill's next phase."""
+        mbarrier.expect(zfill, nbytes)
+        tma.async_copy_global_to_shared(desc, coord, zfill, _tma_box(tile, desc))
+        mbarrier.wait(zfill, zphase)
+        _zero_rows(tile, first)
+        mbarrier.arrive(ready, count=1)
+        return zphase ^ 1
+
+    @gluon.jit
+    def _packed_end(p_cu_seqlens, n_seqs, IS_VARLEN: gl.constexpr):
+        """Varlen: cu_seqlens[-1], the first packed row of no sequence (_zero_rows); else 0 (unused)."""
+        end = 0
+        if IS_VARLEN:
+            end = gl.load(p_cu_seqlens + n_seqs)
+        return end
+
+    @gluon.jit
     def _ws_tiles(n_units, PAIRED: gl.constexpr):
         """How many tiles this program walks: units u = program_id, + num_programs, ... of n_units, one tile each or,
         PAIRED, two (see _ws_tile)."""
@@ -203,13 +251,17 @@ if gluon is not None:
                      HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr):
         """One warp: per tile, Q into each consumer's slot it % Q_STAGES once that consumer's last Q K^T of the
         tile that used it is done, then K_j / V_j into ring slot c % NUM_STAGES (c counts key blocks over all
-        tiles) once all consumers released it."""
+        tiles) once all consumers released it. Varlen: a V box reaching past cu_seqlens_k[-1] lands on the producer's
+        own barrier (v_ready[NUM_STAGES]), has those rows zeroed (_load_zeroed), then is released on its ready barrier
+        (K's need not: S masks them with -inf, not 0 * x)."""
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem, o_smem = smem
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
         nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_units = shape
         ROWS: gl.constexpr = BLOCK_M // CONSUMERS
         tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
+        k_end = _packed_end(cu_seqlens[1], n_units * (2 if PAIRED else 1) // (n_m_blocks * nheads_q), IS_VARLEN)
+        zphase = 0
         c = 0
         it = 0
         for k in range(_ws_tiles(n_units, PAIRED)):
@@ -230,7 +282,12 @@ if gluon is not None:
                     mbarrier.expect(q_ready.index(q_slot), ROWS * HEAD_DIM * 2)
                     tma.async_copy_global_to_shared(q_desc, [b, q_start + m0 + w * ROWS, i_h, 0],
                                                     q_ready.index(q_slot), _tma_box(q_smem.index(q_slot), q_desc))
-                for j in range(n_blocks):
+                n_plain = n_blocks
+                if IS_VARLEN:       # the last block's V box reaches past cu_seqlens_k[-1]: loaded apart, below
+                    if k_start + (j0 + n_blocks) * BLOCK_N > k_end:
+                        n_plain = n_blocks - 1
+                # (a branch per block in the loop below, never taken, cost the varlen forward 2-7%: session 41)
+                for j in range(n_plain):
                     slot = (c + j) % NUM_STAGES
                     free_parity = (((c + j) // NUM_STAGES) & 1) ^ 1
                     mbarrier.wait(k_empty.index(slot), free_parity)
@@ -241,6 +298,18 @@ if gluon is not None:
                     mbarrier.expect(v_ready.index(slot), tile_bytes)
                     tma.async_copy_global_to_shared(v_desc, [b, k_start + (j0 + j) * BLOCK_N, i_hk, 0],
                                                     v_ready.index(slot), _tma_box(v_smem.index(slot), v_desc))
+                if IS_VARLEN:
+                    if n_plain < n_blocks:
+                        slot = (c + n_plain) % NUM_STAGES
+                        free_parity = (((c + n_plain) // NUM_STAGES) & 1) ^ 1
+                        row = k_start + (j0 + n_plain) * BLOCK_N
+                        mbarrier.wait(k_empty.index(slot), free_parity)
+                        mbarrier.expect(k_ready.index(slot), tile_bytes)
+                        tma.async_copy_global_to_shared(k_desc, [b, row, i_hk, 0], k_ready.index(slot),
+                                                        _tma_box(k_smem.index(slot), k_desc))
+                        mbarrier.wait(v_empty.index(slot), free_parity)
+                        zphase = _load_zeroed(v_desc, [b, row, i_hk, 0], v_smem.index(slot), v_ready.index(slot),
+                                              tile_bytes, v_ready.index(NUM_STAGES), zphase, k_end - row)
                 c += n_blocks
                 it += 1
 
@@ -418,7 +487,9 @@ if gluon is not None:
         q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS * Q_STAGES, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        # varlen: one more, the producer's own (boxes whose rows it zeroes land there first: _load_zeroed)
+        v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES + (1 if IS_VARLEN else 0), 1],
+                                            mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         for w in gl.static_range(CONSUMERS * Q_STAGES):
             mbarrier.init(q_ready.index(w), count=1)
@@ -428,7 +499,11 @@ if gluon is not None:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=CONSUMERS)           # one arrival per consumer warpgroup
             mbarrier.init(v_empty.index(i), count=CONSUMERS)
-
+        if IS_VARLEN:
+            mbarrier.init(v_ready.index(NUM_STAGES), count=1)
+        # varlen: the producer zeroes rows past cu_seqlens[-1] (_load_zeroed); with 24 registers ptxas spilled the
+        # kernel's prologue values and the consumers reloaded them every tile (hd128: 28 bytes, 3-5%; session 41)
+        PRODUCER_REGS: gl.constexpr = 40 if IS_VARLEN else 24
         descs = (q_desc, k_desc, v_desc, o_desc)
         smem = (q_smem, k_smem, v_smem, o_smem)
         bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
@@ -446,7 +521,7 @@ if gluon is not None:
                 (_ws_producer, (descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT, HAS_RIGHT,
                                 BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
-            ], [4, 1], [CONSUMER_REGS, 24])
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 0,
@@ -461,7 +536,7 @@ if gluon is not None:
                 (_ws_producer, (descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT, HAS_RIGHT,
                                 BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
-            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
     _launch_forward = LaunchCache(_flash_fwd_hopper_kernel)
 

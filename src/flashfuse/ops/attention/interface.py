@@ -327,8 +327,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     align each sequence's own diagonal. alibi_slopes: (nheads,) or (nseq, nheads). Validating
     cu_seqlens reads them once per (cu_seqlens_q, cu_seqlens_k) pair (one host sync), except under torch.compile.
     Rows past cu_seqlens[-1] (a buffer longer than its sequences, as static shapes pad it) are in no sequence:
-    out 0, lse +inf and gradients 0 there. On Hopper the kernels read them at the last sequence's edge,
-    weighted by zero, so they must hold finite values (zeros, say; not uninitialized memory).
+    out 0, lse +inf and gradients 0 there, and whatever they hold (uninitialized memory, NaN) reaches no
+    sequence. Within the sequences, on Hopper a NaN or infinity in one sequence's q / k / v / dout rows can
+    reach the sequence before it (whose last blocks read those rows, weighted by zero; flash-attn's FA2
+    kernels keep sequences apart even then).
     With return_attn_probs=True returns (out, softmax_lse (nheads_q, total_q) fp32, None).
     """
     _check_qkv(q, k, v, varlen=True)
