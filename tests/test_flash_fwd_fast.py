@@ -1,6 +1,6 @@
 """The long-sequence forward kernel (flash_fwd._flash_fwd_fast_kernel: tensor-descriptor tiles, split row
 halves), CPU tier: each knob against the float64 reference with the pointer kernel removed, and the host-side
-plan that decides which kernel runs. GPU-tier counterparts: test_flash_attn_gpu.py."""
+plan that decides which kernel runs. GPU-tier counterparts: test_flash_attn_kernels_gpu.py."""
 
 from functools import partial
 
@@ -126,7 +126,7 @@ def test_hopper_forward_plan():
     per consumer, from 2048 keys with the P V wait after the softmax; causal with an odd number
     of row blocks one tile per program, hd64 only from 4096 keys), grids of MIN_WAVE (0.9) waves of tiles or more,
     persistent where its units fill MIN_WAVE waves, else one tile per program. The kernel runs in the GPU tier
-    (test_flash_attn_gpu.py)."""
+    (test_flash_attn_kernels_gpu.py)."""
     from flashfuse.ops.attention import flash_fwd_hopper as hopper
 
     assert not hopper.available(torch.device("cpu"))
@@ -189,7 +189,7 @@ def test_hopper_backward_plan(monkeypatch):
     """flash_bwd_hopper's Gluon backward: without the score extras, 16-bit (varlen's packed tensors too), at head
     dims 33..256 (computed at 64 / 128 / 256), where the device can run it (never in the interpreter);
     deterministic=True only at 256, whose dQ pass adds nothing across programs (elsewhere dQ is added by TMA
-    reduce-adds). The kernels run in the GPU tier (test_flash_attn_gpu.py, test_flash_attn_varlen_gpu.py)."""
+    reduce-adds). The kernels run in the GPU tier (test_flash_attn_kernels_gpu.py, test_flash_attn_varlen_gpu.py)."""
     from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper as hopper
 
     q = torch.empty(2, 256, 4, 128, dtype=torch.bfloat16)

@@ -29,7 +29,7 @@ if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                   warpgroup_mma, warpgroup_mma_wait)
 
-    from .flash_fwd_hopper import _load_zeroed, _packed_end, _seq_bounds, _tma_box
+    from ._hopper_common import _load_zeroed, _packed_end, _seq_bounds, _tma_box
 
     @gluon.jit
     def _query_block(cu_seqlens, seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT: gl.constexpr,
@@ -260,7 +260,7 @@ if gluon is not None:
             mbarrier.init(empty.index(i), count=1)
         # varlen: the producer zeroes rows past cu_seqlens[-1] (_load_zeroed): 24 registers spilled 32 bytes there
         PRODUCER_REGS: gl.constexpr = 48 if IS_VARLEN else 24
-        if IS_VARLEN:       # the producer's own barrier for boxes it zeroes rows of (flash_fwd_hopper._zero_rows)
+        if IS_VARLEN:       # the producer's own barrier for boxes it zeroes rows of (_hopper_common._zero_rows)
             zfill = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
             mbarrier.init(zfill, count=1)
         else:

@@ -48,7 +48,7 @@ sequence's end too (they are the next sequence's queries), dQ's reduce-add adds 
 dK / dV block is stored from registers with its rows masked (a TMA box would overwrite the next sequence's rows).
 lse2 / delta start each sequence at a 16-byte boundary (_vec_start: an unaligned fp32 box is an illegal instruction).
 Boxes reaching past cu_seqlens[-1] (a buffer padded past its sequences holds anything there, NaN included) have those
-rows zeroed by the producer before the consumer sees them (session 41, flash_fwd_hopper._zero_rows).
+rows zeroed by the producer before the consumer sees them (session 41, _hopper_common._zero_rows).
 
 Used only on the triton release it was written and measured against (flash_fwd_hopper.GLUON_TRITON); flash_bwd's
 Triton grid everywhere else.
@@ -78,7 +78,7 @@ if gluon is not None:
                                                                   warpgroup_mma, warpgroup_mma_wait)
 
     from .flash_bwd_dq_hopper import _alloc_vector_rows, _mask_rows, _vec_start
-    from .flash_fwd_hopper import _packed_end, _seq_bounds, _tma_box, _zero_rows
+    from ._hopper_common import _packed_end, _seq_bounds, _tma_box, _zero_rows
 
     @builtin
     def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
@@ -120,7 +120,7 @@ if gluon is not None:
         seqlen_q and seqlen_k, kv head, first key n0 within the sequence, the causal offset off, first query block,
         number of query blocks, live, the column of the sequence's first row in lse2 / delta). Query q sees key k
         iff q + off - window_left <= k <= q + off + window_right.
-        Varlen (flash_fwd_hopper._seq_bounds): sequence i_b of the packed tensors, seqlen_q / _k the longest
+        Varlen (_hopper_common._seq_bounds): sequence i_b of the packed tensors, seqlen_q / _k the longest
         sequence's (the grid has that many key blocks per sequence); a key block past its sequence's end is not live:
         it has no steps and loads and stores nothing."""
         i_n, i_b, i_hk = _program(seqlen_k, nheads_k, BLOCK_N)
@@ -151,7 +151,7 @@ if gluon is not None:
                       zfill):
         """One warp: K and V once, then per step (query head of the group, query block) Q + lse2 and dO + delta
         into slot i % NUM_STAGES once the consumer released it. Varlen: boxes reaching past cu_seqlens[-1] land on
-        zfill, have those rows zeroed (flash_fwd_hopper._zero_rows: 0 * NaN in dS^T Q, P^T dO, dO V^T or dS K would
+        zfill, have those rows zeroed (_hopper_common._zero_rows: 0 * NaN in dS^T Q, P^T dO, dO V^T or dS K would
         reach the sequences), then are released on their ready barriers."""
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
@@ -485,7 +485,7 @@ if gluon is not None:
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(do_ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
-        if IS_VARLEN:       # the producer's own barrier for boxes it zeroes rows of (flash_fwd_hopper._zero_rows)
+        if IS_VARLEN:       # the producer's own barrier for boxes it zeroes rows of (_hopper_common._zero_rows)
             zfill = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
             mbarrier.init(zfill, count=1)
         else:

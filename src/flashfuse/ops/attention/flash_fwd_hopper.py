@@ -43,9 +43,9 @@ block its first row sees, and the blocks before the first key its last row sees 
 Varlen (IS_VARLEN, session 39): the descriptors see the packed tensors as one batch entry, a tile reads its sequence's
 bounds from cu_seqlens, row blocks past a sequence's end are skipped and O leaves from registers with its rows masked
 (a TMA box would overwrite the next sequence's first rows); a V box reaching past cu_seqlens[-1] has those rows zeroed
-by the producer (_zero_rows: NaN padding must not reach the last sequence, session 41). Head dims 64, 128 and 256, and those between (33..256)
-padded to them by the TMA boxes alone (kernel_head_dim); at 256 O leaves from registers (O_FROM_REGS: its
-shared-memory slots do not fit beside Q and K / V). Configs: flash_fwd_hopper_configs.py.
+by the producer (_zero_rows: NaN padding must not reach the last sequence, session 41). Head dims 64, 128 and 256, and
+those between (33..256) padded to them by the TMA boxes alone (kernel_head_dim); at 256 O leaves from registers
+(O_FROM_REGS: its shared-memory slots do not fit beside Q and K / V). Configs: flash_fwd_hopper_configs.py.
 Gluon is triton's lower-level dialect and its API still moves between releases, so this kernel is used only on the
 release it was written and measured against (GLUON_TRITON); flash_fwd falls back to its Triton kernels everywhere
 else, the CPU interpreter included.
@@ -54,7 +54,6 @@ else, the CPU interpreter included.
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 import torch
 import triton
@@ -99,6 +98,8 @@ def _capability(index: int):
 
 
 if gluon is not None:
+    from ._hopper_common import _load_zeroed, _packed_end, _seq_bounds, _tma_box
+
     _LOG2E = gl.constexpr(LOG2E)
 
     @gluon.jit
@@ -134,59 +135,6 @@ if gluon is not None:
         alpha = gl.exp2(m_i - m_safe)
         l_new = l_i * alpha + gl.sum(p, axis=1)
         return p, alpha, m_new, l_new
-
-    @gluon.jit
-    def _tma_box(buf, desc):
-        """A [rows, HEAD_DIM] shared-memory tile seen as the descriptor's [1, rows, 1, HEAD_DIM] box: the unit
-        dims change nothing in memory (same swizzle), only the rank TMA addresses."""
-        return buf._reinterpret(buf.dtype, desc.block_type.shape, desc.layout)
-
-    @gluon.jit
-    def _zero_rows(tile, first):
-        """One warp (a producer): zero rows first.. of a [rows, cols] 16-bit shared-memory tile that TMA has filled
-        (128-byte swizzle), and fence the stores for the wgmma that reads the tile next (the producer's arrival on the
-        tile's ready barrier then publishes them). Varlen: a TMA box at the end of the packed tensors reaches past
-        cu_seqlens[-1] into rows of no sequence (a buffer padded to a static shape: anything there, NaN included);
-        the products weight those rows by zero, and 0 * NaN is NaN (sglang issue 18659: FlashAttention-3's kernels
-        let such rows into the last sequence).
-        The tile is walked as its swizzle atoms, [8 rows, 64 columns] = 1024 bytes each, column blocks outermost (the
-        layout TMA writes: one box per 128-byte column block), in a loop (unrolled: ~1400 instructions of cold code)."""
-        gl.static_assert(tile.layout.swizzle_byte_width == 128)
-        ROWS: gl.constexpr = tile.shape[0]
-        COLS: gl.constexpr = 64
-        N_COLS: gl.constexpr = tile.shape[1] // COLS
-        atoms = tile._reinterpret(tile.dtype, [N_COLS * ROWS // 8, 8, COLS],
-                                  gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, 1], [1, 0])
-        rows = gl.arange(0, 8, layout=gl.SliceLayout(1, layout))
-        for r in range(first // 8, ROWS // 8):
-            hidden = gl.expand_dims(r * 8 + rows >= first, 1)
-            for c in gl.static_range(N_COLS):
-                atom = atoms.index(c * (ROWS // 8) + r)
-                x = atom.load(layout)
-                atom.store(gl.where(hidden, gl.zeros_like(x), x))
-        fence_async_shared()
-        gl.thread_barrier()
-
-    @gluon.jit
-    def _load_zeroed(desc, coord, tile, ready, nbytes, zfill, zphase, first):
-        """One warp: TMA-load tile (nbytes, desc at coord), zero its rows first.. (_zero_rows), then arrive on ready,
-        the barrier its readers wait on: the load itself completes on zfill, the producer's own barrier (count 1,
-        phase zphase). Returns zfill's next phase."""
-        mbarrier.expect(zfill, nbytes)
-        tma.async_copy_global_to_shared(desc, coord, zfill, _tma_box(tile, desc))
-        mbarrier.wait(zfill, zphase)
-        _zero_rows(tile, first)
-        mbarrier.arrive(ready, count=1)
-        return zphase ^ 1
-
-    @gluon.jit
-    def _packed_end(p_cu_seqlens, n_seqs, IS_VARLEN: gl.constexpr):
-        """Varlen: cu_seqlens[-1], the first packed row of no sequence (_zero_rows); else 0 (unused)."""
-        end = 0
-        if IS_VARLEN:
-            end = gl.load(p_cu_seqlens + n_seqs)
-        return end
 
     @gluon.jit
     def _ws_tiles(n_units, PAIRED: gl.constexpr):
@@ -229,20 +177,6 @@ if gluon is not None:
             j0 = gl.maximum(m0 + off - window_left, 0) // BLOCK_N
         # A block whose rows see no key still runs one block, fully masked: O = 0, lse = +inf.
         return j0, gl.maximum(gl.cdiv(hi, BLOCK_N) - j0, 1)
-
-    @gluon.jit
-    def _seq_bounds(i_b, cu_seqlens, seqlen_q, seqlen_k, IS_VARLEN: gl.constexpr):
-        """(TMA batch coordinate, first query row, first key row, seqlen_q, seqlen_k) of batch entry i_b: varlen,
-        sequence i_b of the packed [1, total, heads, head_dim] tensors (cu_seqlens: int32 pointers (q, k)); else
-        batch i_b of the call's lengths."""
-        if IS_VARLEN:
-            p_cu_q, p_cu_k = cu_seqlens
-            q_start = gl.load(p_cu_q + i_b)
-            k_start = gl.load(p_cu_k + i_b)
-            b, sq, sk = 0, gl.load(p_cu_q + i_b + 1) - q_start, gl.load(p_cu_k + i_b + 1) - k_start
-        else:
-            b, q_start, k_start, sq, sk = i_b, 0, 0, seqlen_q, seqlen_k
-        return b, q_start, k_start, sq, sk
 
     @gluon.jit
     def _ws_producer(descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT: gl.constexpr,

@@ -1,0 +1,79 @@
+"""Gluon pieces shared by the Hopper attention kernels (flash_fwd_hopper, flash_bwd_hopper, flash_bwd_dq_hopper): TMA
+boxes seen as tiles, a varlen sequence's bounds, and the producers' zeroing of rows past cu_seqlens[-1]."""
+
+from __future__ import annotations
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+except ImportError:  # a triton without Gluon: nothing here is defined or used
+    gluon = None
+
+if gluon is not None:
+    @gluon.jit
+    def _tma_box(buf, desc):
+        """A [rows, HEAD_DIM] shared-memory tile seen as the descriptor's [1, rows, 1, HEAD_DIM] box: the unit
+        dims change nothing in memory (same swizzle), only the rank TMA addresses."""
+        return buf._reinterpret(buf.dtype, desc.block_type.shape, desc.layout)
+
+    @gluon.jit
+    def _zero_rows(tile, first):
+        """One warp (a producer): zero rows first.. of a [rows, cols] 16-bit shared-memory tile that TMA has filled
+        (128-byte swizzle), and fence the stores for the wgmma that reads the tile next (the producer's arrival on the
+        tile's ready barrier then publishes them). Varlen: a TMA box at the end of the packed tensors reaches past
+        cu_seqlens[-1] into rows of no sequence (a buffer padded to a static shape: anything there, NaN included);
+        the products weight those rows by zero, and 0 * NaN is NaN (sglang issue 18659: FlashAttention-3's kernels
+        let such rows into the last sequence).
+        The tile is walked as its swizzle atoms, [8 rows, 64 columns] = 1024 bytes each, column blocks outermost (the
+        layout TMA writes: one box per 128-byte column block), in a loop (unrolled: ~1400 instructions of cold code)."""
+        gl.static_assert(tile.layout.swizzle_byte_width == 128)
+        ROWS: gl.constexpr = tile.shape[0]
+        COLS: gl.constexpr = 64
+        N_COLS: gl.constexpr = tile.shape[1] // COLS
+        atoms = tile._reinterpret(tile.dtype, [N_COLS * ROWS // 8, 8, COLS],
+                                  gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, 1], [1, 0])
+        rows = gl.arange(0, 8, layout=gl.SliceLayout(1, layout))
+        for r in range(first // 8, ROWS // 8):
+            hidden = gl.expand_dims(r * 8 + rows >= first, 1)
+            for c in gl.static_range(N_COLS):
+                atom = atoms.index(c * (ROWS // 8) + r)
+                x = atom.load(layout)
+                atom.store(gl.where(hidden, gl.zeros_like(x), x))
+        fence_async_shared()
+        gl.thread_barrier()
+
+    @gluon.jit
+    def _load_zeroed(desc, coord, tile, ready, nbytes, zfill, zphase, first):
+        """One warp: TMA-load tile (nbytes, desc at coord), zero its rows first.. (_zero_rows), then arrive on ready,
+        the barrier its readers wait on: the load itself completes on zfill, the producer's own barrier (count 1,
+        phase zphase). Returns zfill's next phase."""
+        mbarrier.expect(zfill, nbytes)
+        tma.async_copy_global_to_shared(desc, coord, zfill, _tma_box(tile, desc))
+        mbarrier.wait(zfill, zphase)
+        _zero_rows(tile, first)
+        mbarrier.arrive(ready, count=1)
+        return zphase ^ 1
+
+    @gluon.jit
+    def _packed_end(p_cu_seqlens, n_seqs, IS_VARLEN: gl.constexpr):
+        """Varlen: cu_seqlens[-1], the first packed row of no sequence (_zero_rows); else 0 (unused)."""
+        end = 0
+        if IS_VARLEN:
+            end = gl.load(p_cu_seqlens + n_seqs)
+        return end
+
+    @gluon.jit
+    def _seq_bounds(i_b, cu_seqlens, seqlen_q, seqlen_k, IS_VARLEN: gl.constexpr):
+        """(TMA batch coordinate, first query row, first key row, seqlen_q, seqlen_k) of batch entry i_b: varlen,
+        sequence i_b of the packed [1, total, heads, head_dim] tensors (cu_seqlens: int32 pointers (q, k)); else
+        batch i_b of the call's lengths."""
+        if IS_VARLEN:
+            p_cu_q, p_cu_k = cu_seqlens
+            q_start = gl.load(p_cu_q + i_b)
+            k_start = gl.load(p_cu_k + i_b)
+            b, sq, sk = 0, gl.load(p_cu_q + i_b + 1) - q_start, gl.load(p_cu_k + i_b + 1) - k_start
+        else:
+            b, q_start, k_start, sq, sk = i_b, 0, 0, seqlen_q, seqlen_k
+        return b, q_start, k_start, sq, sk
