@@ -21,7 +21,8 @@ F16, BF16 = torch.float16, torch.bfloat16
 
 
 # (seed, dtype, headdim, (nheads_q, nheads_k), max length, same lengths for q and k, options): each a config of the
-# Gluon table at its max length (64-key tiles below 1K keys, paired row blocks, an odd row-block count, 256 columns).
+# Gluon table at its max length (64-key tiles below 1K keys, paired row blocks, an odd row-block count, 256 columns,
+# three consumer warpgroups).
 CASES = [
     pytest.param(1, BF16, 128, (16, 16), 2048, True, {"causal": True}, id="causal-bf16-d128-paired"),
     pytest.param(2, F16, 64, (8, 2), 4096, True, {}, id="gqa-fp16-d64-4k"),        # (hd64 unmasked: from 4K keys)
@@ -31,6 +32,7 @@ CASES = [
     pytest.param(5, F16, 64, (24, 8), 900, True, {"causal": True}, id="causal-64-key-tiles-fp16-d64"),
     pytest.param(6, BF16, 256, (16, 8), 1100, False, {"causal": True}, id="causal-gqa-bf16-d256"),
     pytest.param(7, BF16, 160, (16, 16), 1024, False, {}, id="bf16-d160"),
+    pytest.param(8, BF16, 64, (8, 2), 8192, True, {}, id="gqa-bf16-d64-8k-three-consumers"),
 ]
 
 

@@ -437,7 +437,7 @@ if gluon is not None:
             mbarrier.init(v_ready.index(NUM_STAGES), count=1)
         # varlen: the producer zeroes rows past cu_seqlens[-1] (_load_zeroed); with 24 registers ptxas spilled the
         # kernel's prologue values and the consumers reloaded them every tile (hd128: 28 bytes, 3-5%; session 41)
-        PRODUCER_REGS: gl.constexpr = 40 if IS_VARLEN else 24
+        PRODUCER_REGS: gl.constexpr = 40 if IS_VARLEN and CONSUMERS == 2 else 24
         descs = (q_desc, k_desc, v_desc, o_desc)
         smem = (q_smem, k_smem, v_smem, o_smem)
         bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
