@@ -237,6 +237,47 @@ def test_filters_select_providers_and_cases():
                                                               ("hidden", "bwd rows=8", "OK")]
 
 
+def test_rounds_rotate_providers_and_take_the_median(monkeypatch):
+    """Options.rounds: every OK row timed once per round, the providers in a new order each round (rotated,
+    every other round reversed), ms the median of the rounds; rows that failed are not timed again."""
+    order, fake_ms = [], iter(float(i) for i in range(100, 1000))
+
+    def fake_bench_ms(fn, gpu, **kw):
+        fn()
+        return next(fake_ms)
+
+    def logged(name):
+        def factory(case, x, y):
+            def fn():
+                order.append(name)
+                return x * y + x
+            return fn
+        return factory
+
+    class Logged(FakeSuite):
+        def providers(self, opts):
+            return [Provider(n, logged(n), kind="peer") for n in ("a", "b", "c")] + [
+                Provider("error", _raise(RuntimeError("boom")), kind="flashfuse")]
+
+    monkeypatch.setattr(harness, "bench_ms", fake_bench_ms)
+    opts = Options(device="cpu", progress=False, only=r"^fwd rows=4$", rounds=3)
+    rows = Runner(opts, CEILINGS).run(Logged())
+    by = {r.provider: r for r in rows}
+    assert by["error"].status == "ERROR" and by["error"].ms_rounds is None
+    timed = [by[n] for n in "abc"]
+    assert all(r.status == "OK" and len(r.ms_rounds) == 3 for r in timed)
+    for r in timed:
+        assert r.ms == sorted(r.ms_rounds)[1] and r.gbps == pytest.approx(r.bytes / (r.ms * 1e-3) / 1e9)
+    # each bench_ms call runs fn once: round 1 in the suite's order, round 2 rotated by 1 and reversed, round 3
+    # rotated by 2; the calls before each timing (check, untimed full-size run) are not in fake_ms's order
+    first = [r.ms_rounds[0] for r in timed]
+    second = [r.ms_rounds[1] for r in timed]
+    third = [r.ms_rounds[2] for r in timed]
+    assert first == sorted(first) and max(first) < min(second) and max(second) < min(third)
+    assert sorted(second, reverse=True) == [by[n].ms_rounds[1] for n in "bca"]
+    assert sorted(third) == [by[n].ms_rounds[2] for n in "cab"]
+
+
 # ----------------------------------------------------------------------------------------------------
 # Outputs
 # ----------------------------------------------------------------------------------------------------

@@ -68,8 +68,19 @@ def test_bench_cuda_graph_option_is_recorded(tmp_path):
     assert [r["status"] for r in doc["rows"]] == ["OK"]
 
 
+def test_bench_rounds_option(tmp_path):
+    out = tmp_path / "r"
+    assert main(["bench", "vector-add", "--out", str(out), "--providers", "torch,triton", "--only", r"2\^10 ",
+                 "--no-plots", "--no-progress", "--rounds", "3"]) == 0
+    doc = _rows(out)
+    assert doc["options"]["rounds"] == 3
+    for r in doc["rows"]:
+        assert r["status"] == "OK" and len(r["ms_rounds"]) == 3, r
+
+
 @pytest.mark.parametrize("argv, message", [
     (["bench", "nope"], "unknown suite(s) nope; available: vector-add, attention"),
+    (["bench", "--rounds", "0"], "--rounds 0: the number of timings per row must be >= 1"),
     (["bench", "--providers", "torch,nope"], "unknown provider(s) nope"),
     (["bench", "--dtype", "fp8"], "unknown dtype(s) fp8"),
     (["bench", "--only", "("], "is not a regular expression"),

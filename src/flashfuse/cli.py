@@ -1,6 +1,7 @@
 """The ``flashfuse`` command.
 
     flashfuse bench [SUITE ...] [--out DIR] [--quick] [--dtype bf16,fp16] [--providers a,b] [--only REGEX]
+                    [--cuda-graph] [--rounds N]
     flashfuse info [--json]
 
 ``bench`` measures the ceilings, runs the suites (all of them when none is named), prints a table per suite,
@@ -42,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--cuda-graph", action="store_true",
                        help="time CUDA-graph replays of each call (every provider alike): the GPU time without "
                             "the host's Python and launch costs")
+    bench.add_argument("--rounds", type=int, default=1, metavar="N",
+                       help="time each row N times, the case's providers in a new order each round, and report "
+                            "the median (a GPU at its power cap moves its clocks over seconds: same-run ratios "
+                            "within a few %% need N >= 3)")
     bench.add_argument("--detail", action="store_true", help="also print one line per (case, provider)")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -111,8 +116,10 @@ def _bench(args) -> int:
     dtypes, msg = _parse_dtypes(args.dtype)
     if msg:
         return error(msg)
+    if args.rounds < 1:
+        return error(f"--rounds {args.rounds}: the number of timings per row must be >= 1")
     opts = Options(quick=args.quick, dtypes=dtypes, providers=args.providers, only=args.only,
-                   progress=not args.no_progress, cuda_graph=args.cuda_graph)
+                   progress=not args.no_progress, cuda_graph=args.cuda_graph, rounds=args.rounds)
     if args.only:
         import re
         try:
@@ -134,7 +141,8 @@ def _bench(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     options = {"suites": [s.name for s in suites], "quick": args.quick, "dtype": args.dtype,
                "providers": args.providers, "only": args.only,
-               "timing": "cuda-graph replays" if args.cuda_graph else "do_bench (eager calls)"}
+               "timing": "cuda-graph replays" if args.cuda_graph else "do_bench (eager calls)",
+               "rounds": args.rounds}
     json_path = os.path.join(args.out, "results.json")
     # Saved after every case too, so a run cut short (a time limit, a crash) keeps what it measured.
     rows = run_suites(suites, opts, ceilings,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
@@ -131,6 +132,7 @@ class Options:
     only: str | None = None
     progress: bool = True
     cuda_graph: bool = False     # time CUDA-graph replays (GPU only): no host overhead in the numbers
+    rounds: int = 1              # timings per row, the case's providers in a new order each round; ms = median
 
     @property
     def gpu(self) -> bool:
@@ -310,6 +312,7 @@ class Row:
     pct_ceiling: float | None = None
     pct_roofline: float | None = None
     peak_mem_bytes: int | None = None
+    ms_rounds: list | None = None         # each round's ms (Options.rounds); ms is their median
     speedup: float | None = None          # baseline ms / this ms, same case
     vs_best_peer: float | None = None     # best peer ms / this ms (flashfuse rows)
     wall_s: float | None = None           # seconds the row took (check, compile, timing): GPU-time budget
@@ -377,6 +380,8 @@ class Runner:
                 case_rows.append(row)
                 if progress is not None:
                     progress.update(1)
+            if self.opts.rounds > 1 and inputs is not None:
+                self._more_rounds(suite, case, providers, case_rows, inputs)
             inputs = None
             _free_memory(self.opts.gpu)
             self._relative(suite, case_rows)
@@ -501,6 +506,7 @@ class Runner:
             else:
                 row.ms = bench_ms(_timed(call, case.mode, pdouts, gpu and cuda_graph), gpu, rep_ms=rep_ms,
                                   cuda_graph=cuda_graph)
+                row.ms_rounds = [row.ms]
                 status = "OK"
         except Skip as exc:
             status, message = "SKIP", str(exc)
@@ -511,6 +517,30 @@ class Runner:
             _free_memory(gpu)
         row.status, row.message = status, message or ""
         if row.status == "OK":
+            self._rates(case, row)
+
+    def _more_rounds(self, suite: Suite, case: Case, providers: list[Provider], rows: list[Row], inputs) -> None:
+        """Options.rounds: each timed row's provider timed again, rounds - 1 times, the providers rotated (and
+        reversed every other round), so that no provider always runs in the same place, e.g. right after the
+        heaviest peer or first after the check's idle time: a GPU at its power cap changes clocks over seconds
+        (an H100 in session 42: 1450-1820 MHz, fp16 ~3% slower than bf16 for every provider), so one timing per
+        row puts a few % of noise between providers of one case. ms becomes the median of the rounds."""
+        by_name = {p.name: p for p in providers}
+        timed = [r for r in rows if r.status == "OK"]
+        cuda_graph = self.opts.cuda_graph or suite.cuda_graph(case)
+        for i in range(1, self.opts.rounds):
+            order = timed[i % len(timed):] + timed[:i % len(timed)]
+            for row in reversed(order) if i % 2 else order:
+                try:
+                    call = _as_call(by_name[row.provider].factory(case, *inputs), inputs)
+                    torch.manual_seed(1)
+                    row.ms_rounds.append(bench_ms(_timed(call, case.mode, (), self.opts.gpu and cuda_graph),
+                                                  self.opts.gpu, rep_ms=suite.rep_ms, cuda_graph=cuda_graph))
+                except Exception as exc:      # noqa: BLE001 -- timed once already; keep what was measured
+                    row.message = f"round {i + 1}: {_message(exc)}"
+                call = None
+        for row in timed:
+            row.ms = statistics.median(row.ms_rounds)
             self._rates(case, row)
 
     def _rates(self, case: Case, row: Row) -> None:
