@@ -74,9 +74,11 @@ def _tokens(p):
 
 
 # SD-1.5 U-Net levels at 512x512 (64x64 latents) with batch 2 (CFG), one of its up blocks' concatenations (960
-# channels: 30 per group), and the protocol's training-size levels.
+# channels: 30 per group), the protocol's training-size levels, and SDXL's three levels at 1024x1024 (128x128
+# latents, batch 2).
 GN_SHAPES = tuple(dict(N=n, C=c, H=h, layout=layout)
-                  for n, c, h in ((2, 320, 64), (2, 960, 32), (8, 320, 128), (16, 640, 64), (16, 1280, 32))
+                  for n, c, h in ((2, 320, 64), (2, 960, 32), (8, 320, 128), (16, 640, 64), (16, 1280, 32),
+                                  (2, 320, 128), (2, 640, 64), (2, 1280, 32))
                   for layout in ("nchw", "channels_last"))
 GN_CPU = (dict(N=2, C=64, H=5, layout="nchw"), dict(N=2, C=64, H=5, layout="channels_last"))
 
