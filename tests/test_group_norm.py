@@ -232,15 +232,19 @@ def test_hopper_channels_last_plan():
 
 def test_hopper_forward_plan():
     """The NCHW Gluon forward's plan on 132 SMs: whole groups where they fit the ring (K = 1), split over K programs
-    only where not ((8, 320, 128, 128): 40 tiles); None where the SMs would idle ((2, 320, 64, 64): 64 groups) or HW
-    is not a multiple of a 512-byte row."""
+    where not ((8, 320, 128, 128): 40 tiles), and every program with two or more chunks: SDXL's (2, 640, 64, 64) split
+    into K = 4 for two rounds; None where one round would leave a compute partition idle ((2, 320, 128, 128) at K = 2,
+    (2, 1280, 32, 32) with no K <= MAX_SPLIT filling the SMs), where the SMs would idle ((2, 320, 64, 64): 64 groups)
+    or HW is not a multiple of a 512-byte row."""
     from flashfuse.ops.group_norm_details import _hopper_fwd as fwd
     for (n, c, hw), k in (((2, 320, 4096), None), ((8, 320, 16384), 2), ((16, 640, 4096), 1), ((16, 1280, 1024), 1),
-                          ((8, 320, 4096), 1), ((2, 640, 1024), None), ((4, 64, 1000), None)):
+                          ((8, 320, 4096), 1), ((2, 640, 1024), None), ((4, 64, 1000), None), ((2, 640, 4096), 4),
+                          ((2, 320, 16384), None), ((2, 1280, 1024), None), ((4, 320, 16384), 2)):
         p = fwd.plan(n, c, hw, 32, 2, 132)
         assert (p and p.n_chunks) == k, (n, c, hw, p)
         if p is not None:
             assert -(-p.chunk_rows // 16) <= fwd.SLOTS and p.per_round * k <= 132
+            assert -(-n * 32 // p.per_round) >= 2          # both compute partitions take chunks
 
 
 def test_hopper_backward_plan():

@@ -26,7 +26,8 @@ boxes (rows past R zero-filled, masked in the sums and the stores). Program pid 
 pid // K, pid // K + S, ... (S groups per round): all K programs of a group are in the same round, and the grid
 (S K <= SMs, one program per SM by its shared memory) is resident at once, so a spin never waits on a program that
 is not running. Channels_last, a full-size residual, activations other than None / SiLU and plans that leave SMs
-idle (MIN_FILL) stay with the Triton plans (group_norm.py), as does everything off sm_90 with triton 3.6
+idle (MIN_FILL) or a compute partition idle (MIN_ROUNDS) stay with the Triton plans (group_norm.py), as does
+everything off sm_90 with triton 3.6
 (the release this Gluon code is written and measured against). The math matches _kernels.py's forward (fp32
 statistics, s rounded to x's dtype like torch's add) and glu.py's SiLU (MUFU ex2 and rcp). Measured on an H200
 (session 18): 65-76% of copy at SD's large NCHW levels, where the Triton plans reach 53-56%.
@@ -57,6 +58,8 @@ SLOTS = 28                        # 224 KB of ring (227 KB is the sm_90 limit; b
 PARTS, COMPUTE_WARPS, COMPUTE_REGS, LOADER_REGS = 2, 8, 112, 40
 # Least share of the SMs' rounds x chunk tiles holding tiles (as _hopper_fwd_cl.py); K chunks per group, at most.
 MIN_FILL, K_PAD_MAX = 0.9, 64
+MAX_SPLIT = 4                     # groups that fit the ring split into at most this many chunks (plan())
+MIN_ROUNDS = 2                    # chunks per program, at least (plan(): both compute partitions busy)
 ACTIVATIONS = ("none", "silu")    # codes 0 and 1, as group_norm.ACTIVATIONS
 
 if gluon is not None:
@@ -374,35 +377,48 @@ class Plan(NamedTuple):
 
 def plan(n: int, c: int, hw: int, groups: int, element_size: int, sms: int, max_tiles: int = SLOTS,
          min_fill: Optional[float] = None, split_to_fill: bool = False) -> Optional[Plan]:
-    """Chunks of NCHW groups for this kernel and _hopper_bwd.py: the K dividing cpg with at most max_tiles tiles per
-    chunk that minimises rounds x chunk tiles (the busiest program's share), ties to fewer chunks; only the least such K
-    unless split_to_fill (this forward: split only groups that overflow the ring, as K = 2 at (2, 320, 64, 64), 64
-    groups, measured 9.8 us vs 8.2 for the Triton plans, session 24). None when HW is not a multiple of a 512-byte row,
-    no K fits, or the plan would leave more than 1 - min_fill (default MIN_FILL) of the SMs' time idle."""
+    """Chunks of NCHW groups for this kernel and _hopper_bwd.py, K dividing cpg with at most max_tiles tiles per chunk.
+    split_to_fill (the backward): the K that minimises rounds x chunk tiles (the busiest program's share), ties to
+    fewer chunks. Otherwise (this forward): the least K that fits, if every program then takes MIN_ROUNDS = 2 or more
+    chunks, so that both compute partitions work (one chunk per program leaves one idle: (2, 320, 128, 128), K = 2 in
+    one round, measured 22.3 us vs 20.2 for the Triton plans, session 42); else the least K up to MAX_SPLIT that does
+    ((2, 640, 64, 64): K = 4, 11.6 us vs 12.4; more, smaller chunks cost more meetings than they save: K = 5 / 10
+    were slower at every batch-2 level). None when HW is not a multiple of a 512-byte row, no K fits, or the plan
+    would leave more than 1 - min_fill (default MIN_FILL) of the SMs' time idle."""
     return _chunking(n, c, hw, groups, element_size, sms, max_tiles, MIN_FILL if min_fill is None else min_fill,
-                     split_to_fill)
+                     split_to_fill, MIN_ROUNDS)
 
 
 @functools.lru_cache(maxsize=1024)
-def _chunking(n, c, hw, groups, element_size, sms, max_tiles, min_fill, split_to_fill) -> Optional[Plan]:
+def _chunking(n, c, hw, groups, element_size, sms, max_tiles, min_fill, split_to_fill, min_rounds) -> Optional[Plan]:
     """plan(), cached per call signature (eligible and the launcher both ask, every call)."""
     cols = ROW_BYTES // element_size
     tile_rows = TILE_BYTES // ROW_BYTES
     if hw % cols:
         return None
     cpg, rows_per_channel, n_groups = c // groups, hw // cols, n * groups
-    best = None
+
+    def fills(cost):      # the rows present against the SMs' capacity over the plan's rounds
+        return n_groups * cpg * rows_per_channel >= min_fill * cost * tile_rows * sms
+
+    best, least = None, None
     for k in range(1, min(cpg, K_PAD_MAX, sms) + 1):
         tiles = cdiv(cpg // k * rows_per_channel, tile_rows)
         if cpg % k or tiles > max_tiles:
             continue
         per_round = min(sms // k, n_groups)
-        cost = cdiv(n_groups, per_round) * tiles
-        if best is None or cost < best[0]:
-            best = (cost, Plan(k, cpg // k * rows_per_channel, per_round))
-        if not split_to_fill:
-            break
-    if best is None or n_groups * cpg * rows_per_channel < min_fill * best[0] * tile_rows * sms:
+        rounds = cdiv(n_groups, per_round)
+        candidate = Plan(k, cpg // k * rows_per_channel, per_round)
+        if split_to_fill:
+            if best is None or rounds * tiles < best[0]:
+                best = (rounds * tiles, candidate)
+            continue
+        least = least or k
+        if k > max(least, MAX_SPLIT):
+            return None
+        if rounds >= min_rounds and fills(rounds * tiles):
+            return candidate
+    if best is None or not fills(best[0]):
         return None
     return best[1]
 
