@@ -231,31 +231,40 @@ def test_hopper_channels_last_plan():
 
 
 def test_hopper_forward_plan():
-    """The NCHW Gluon forward's plan on 132 SMs: whole groups where they fit the ring (K = 1), split over K programs
-    where not ((8, 320, 128, 128): 40 tiles), and every program with two or more chunks: SDXL's (2, 640, 64, 64) split
-    into K = 4 for two rounds; None where one round would leave a compute partition idle ((2, 320, 128, 128) at K = 2,
-    (2, 1280, 32, 32) with no K <= MAX_SPLIT filling the SMs), where the SMs would idle ((2, 320, 64, 64): 64 groups)
-    or HW is not a multiple of a 512-byte row."""
+    """The NCHW Gluon forward's plan on 132 SMs: whole groups where they fit the ring (K = 1, one round or more), split
+    over K programs where not ((8, 320, 128, 128): 40 tiles); a single round of chunks that meet is split further for
+    two rounds ((2, 1280, 64, 64): K = 2 -> 4) or left to the Triton plans ((2, 320, 128, 128), no K <= MAX_SPLIT
+    gives two); None where the SMs would idle ((2, 320, 64, 64): 64 groups) or HW is not a multiple of a 512-byte
+    row. ONE_ROUND_MEETINGS keeps the single round."""
     from flashfuse.ops.group_norm_details import _hopper_fwd as fwd
     for (n, c, hw), k in (((2, 320, 4096), None), ((8, 320, 16384), 2), ((16, 640, 4096), 1), ((16, 1280, 1024), 1),
-                          ((8, 320, 4096), 1), ((2, 640, 1024), None), ((4, 64, 1000), None), ((2, 640, 4096), 4),
-                          ((2, 320, 16384), None), ((2, 1280, 1024), None), ((4, 320, 16384), 2)):
+                          ((8, 320, 4096), 1), ((2, 640, 1024), None), ((4, 64, 1000), None), ((2, 640, 4096), None),
+                          ((2, 320, 16384), None), ((2, 1280, 4096), 4), ((4, 320, 4096), 1), ((3, 640, 4096), None),
+                          ((4, 320, 16384), 2)):
         p = fwd.plan(n, c, hw, 32, 2, 132)
         assert (p and p.n_chunks) == k, (n, c, hw, p)
         if p is not None:
             assert -(-p.chunk_rows // 16) <= fwd.SLOTS and p.per_round * k <= 132
-            assert -(-n * 32 // p.per_round) >= 2          # both compute partitions take chunks
+            assert k == 1 or -(-n * 32 // p.per_round) >= 2          # chunks that meet: two rounds or more
+    try:
+        fwd.ONE_ROUND_MEETINGS = True
+        assert fwd.plan(2, 320, 16384, 32, 2, 132).n_chunks == 2 and fwd.plan(2, 1280, 4096, 32, 2, 132).n_chunks == 2
+    finally:
+        fwd.ONE_ROUND_MEETINGS = False
 
 
 def test_hopper_backward_plan():
     """The NCHW Gluon backward's plan on 132 SMs (pure Python, no GPU): K chunks of whole channels per group, at most
     MAX_CHUNK_TILES of x + dy tiles each, a group's programs all in one round, and at least MIN_FILL of the SMs' time on
-    rows; None where HW is not a multiple of a 512-byte row or the SMs would idle."""
+    rows, K by the time model (two rounds of K = 4 over one of K = 2 at (2, 640, 64, 64); whole groups in 8 rounds,
+    not 1-tile chunks in 79, at (32, 320, 64, 64)); None where HW is not a multiple of a 512-byte row or the SMs would
+    idle."""
     from flashfuse.ops.group_norm_details import _hopper_bwd as bwd
     tile_rows = bwd.TILE_BYTES // bwd.ROW_BYTES
     for (n, c, hw, size), k in (((2, 320, 4096, 2), 2), ((8, 320, 16384, 2), 5), ((16, 640, 4096, 2), 2),
                                 ((16, 1280, 1024, 2), 1), ((8, 320, 4096, 2), 1), ((2, 320, 4096, 4), 2),
-                                ((2, 640, 1024, 2), None), ((16, 1280, 256, 2), None), ((4, 64, 1000, 2), None)):
+                                ((2, 640, 1024, 2), None), ((16, 1280, 256, 2), None), ((4, 64, 1000, 2), None),
+                                ((2, 640, 4096, 2), 4), ((32, 320, 4096, 2), 1), ((2, 320, 16384, 2), 10)):
         p = bwd.plan(n, c, hw, 32 if c > 64 else 8, size, 132)
         assert (p and p.n_chunks) == k, (n, c, hw, p)
         if p is not None:

@@ -166,9 +166,9 @@ def test_chunked_cuda_graph_gpu(monkeypatch):
 # Whole groups (K = 1) of 10 and 20 ring tiles, several groups per program (16 x 32 groups on 132 SMs), groups that
 # overflow the ring split over K programs that meet ((8, 320, 128, 128): 4 rounds of 20-tile chunks; K = 2 chunks of
 # 270 rows, 9 per channel: padding rows, not a power of 2; fp32 with K = 4), a group of 3 rows, 90 rows (9 per
-# channel), a residual broadcast over the samples (C, 1, 1), no affine, fp32 (128-column rows); MIN_FILL and MIN_ROUNDS
-# off so that the small cases take it too (one chunk per program: one compute partition idle); "ring-sized": a 28-tile
-# chunk (the whole ring) whose last tile is padded.
+# channel), a residual broadcast over the samples (C, 1, 1), no affine, fp32 (128-column rows); MIN_FILL off and
+# ONE_ROUND_MEETINGS on so that the small cases take it too; "ring-sized": a 28-tile chunk (the whole ring) whose last
+# tile is padded.
 HOPPER_CASES = [
     pytest.param((2, 320, 64, 64), 32, BF16, True, True, (2, 320, 1, 1), "silu", id="sd-64"),
     pytest.param((16, 1280, 32, 32), 32, F16, True, True, (16, 1280, 1, 1), "silu", id="sd-32-many-groups"),
@@ -189,7 +189,7 @@ def test_hopper_forward_gpu(monkeypatch, shape, groups, dtype, weight, bias, res
     output and every gradient against float64 (the backward starts from its mean / rstd), with a shifted mean (the
     exact two-pass variance), and equal to the Triton forward within one rounding."""
     monkeypatch.setattr(_hopper_fwd, "MIN_FILL", 0.0)      # small cases too
-    monkeypatch.setattr(_hopper_fwd, "MIN_ROUNDS", 1)
+    monkeypatch.setattr(_hopper_fwd, "ONE_ROUND_MEETINGS", True)
     calls = []
     forward = _hopper_fwd.forward
     monkeypatch.setattr(_hopper_fwd, "forward", lambda *a: calls.append(1) or forward(*a))
@@ -286,7 +286,7 @@ REPEAT_CASES = [
     pytest.param((16, 640, 64, 64), 32, BF16, True, torch.contiguous_format, _hopper_fwd, id="nchw-temb"),
     pytest.param((16, 1280, 32, 32), 32, F16, False, torch.contiguous_format, _hopper_fwd, id="nchw-cpg40"),
     pytest.param((8, 320, 128, 128), 32, BF16, True, torch.contiguous_format, _hopper_fwd, id="nchw-split-groups"),
-    pytest.param((2, 640, 64, 64), 32, BF16, True, torch.contiguous_format, _hopper_fwd, id="nchw-sdxl-k4-two-rounds"),
+    pytest.param((2, 1280, 64, 64), 32, BF16, True, torch.contiguous_format, _hopper_fwd, id="nchw-k4-two-rounds"),
 ]
 
 

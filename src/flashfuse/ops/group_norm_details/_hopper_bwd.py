@@ -54,6 +54,12 @@ SLOTS = 14                        # x + dy tiles of 8 KB each: 224 KB of ring (2
 # K = 4 -> 2 132.1 -> 121.6, (8, 320, 128, 128) K = 10 -> 5 138.8 -> 123.0, (16, 1280, 32, 32) K = 2 -> 1 77.7 -> 69.3).
 MAX_CHUNK_TILES = 10
 MIN_FILL = 0.9                    # least share of the SMs' rounds x chunk tiles holding tiles (as _hopper_fwd_cl)
+# plan()'s time model, in tiles: each round's meeting and ramp, and a single round's chunk that overlaps nothing (its
+# sums and dx passes with the other compute partition idle). Fitted to session 42's forced plans (fwd + bwd, H100,
+# graph-timed): (2, 640, 64, 64) K = 4 in two rounds 35.1 us vs K = 2 in one 38.4; (2, 320, 128, 128) K = 5 in three
+# rounds 66.4 vs K = 10 in five 69.5; K = 2 in one round stays best at (2, 320, 64, 64), (2, 1280, 32, 32), (2, 960,
+# 32, 32) (24.4 / 24.3 / 22.2 vs 25.3-27.3 with more rounds).
+ROUND_TILES, IDLE_SHARE = 2.5, 0.4
 
 if gluon is not None:
     _MAX_EXP2 = gl.constexpr(126.0)    # glu.py's clamp: exp(-z) stays finite, so e s below is never inf * 0
@@ -235,8 +241,10 @@ _GL_BITS = {torch.float16: 16, torch.bfloat16: 16, torch.float32: 32}
 
 def plan(n: int, c: int, hw: int, groups: int, element_size: int, sms: int) -> Optional[Plan]:
     """_hopper_fwd.plan with chunks of at most MAX_CHUNK_TILES (x + dy) tiles, this file's MIN_FILL, and groups split to
-    fill the SMs too ((2, 320, 64, 64): K = 2 measured 15.9 us vs 18.9 for the Triton plans, session 24)."""
-    return _plan(n, c, hw, groups, element_size, sms, MAX_CHUNK_TILES, MIN_FILL, split_to_fill=True)
+    fill the SMs too ((2, 320, 64, 64): K = 2 measured 15.9 us vs 18.9 for the Triton plans, session 24), K by the time
+    model ROUND_TILES / IDLE_SHARE."""
+    return _plan(n, c, hw, groups, element_size, sms, MAX_CHUNK_TILES, MIN_FILL, split_to_fill=True,
+                 round_cost=ROUND_TILES, idle_cost=IDLE_SHARE)
 
 
 def eligible(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, num_groups: int, activation: str,

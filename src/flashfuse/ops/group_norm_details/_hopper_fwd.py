@@ -26,9 +26,8 @@ boxes (rows past R zero-filled, masked in the sums and the stores). Program pid 
 pid // K, pid // K + S, ... (S groups per round): all K programs of a group are in the same round, and the grid
 (S K <= SMs, one program per SM by its shared memory) is resident at once, so a spin never waits on a program that
 is not running. Channels_last, a full-size residual, activations other than None / SiLU and plans that leave SMs
-idle (MIN_FILL) or a compute partition idle (MIN_ROUNDS) stay with the Triton plans (group_norm.py), as does
-everything off sm_90 with triton 3.6
-(the release this Gluon code is written and measured against). The math matches _kernels.py's forward (fp32
+idle (MIN_FILL) or one of the two compute partitions (plan()) stay with the Triton plans (group_norm.py), as
+does everything off sm_90 with triton 3.6 (the release this Gluon code is written and measured against). The math matches _kernels.py's forward (fp32
 statistics, s rounded to x's dtype like torch's add) and glu.py's SiLU (MUFU ex2 and rcp). Measured on an H200
 (session 18): 65-76% of copy at SD's large NCHW levels, where the Triton plans reach 53-56%.
 """
@@ -58,8 +57,8 @@ SLOTS = 28                        # 224 KB of ring (227 KB is the sm_90 limit; b
 PARTS, COMPUTE_WARPS, COMPUTE_REGS, LOADER_REGS = 2, 8, 112, 40
 # Least share of the SMs' rounds x chunk tiles holding tiles (as _hopper_fwd_cl.py); K chunks per group, at most.
 MIN_FILL, K_PAD_MAX = 0.9, 64
-MAX_SPLIT = 4                     # groups that fit the ring split into at most this many chunks (plan())
-MIN_ROUNDS = 2                    # chunks per program, at least (plan(): both compute partitions busy)
+MAX_SPLIT = 4                     # a single round of meeting chunks re-split into at most this many (plan())
+ONE_ROUND_MEETINGS = False        # plan() keeps a single round of meeting chunks (tests: the kernel at small sizes)
 ACTIVATIONS = ("none", "silu")    # codes 0 and 1, as group_norm.ACTIVATIONS
 
 if gluon is not None:
@@ -376,21 +375,26 @@ class Plan(NamedTuple):
 
 
 def plan(n: int, c: int, hw: int, groups: int, element_size: int, sms: int, max_tiles: int = SLOTS,
-         min_fill: Optional[float] = None, split_to_fill: bool = False) -> Optional[Plan]:
+         min_fill: Optional[float] = None, split_to_fill: bool = False, round_cost: float = 0.0,
+         idle_cost: float = 0.0) -> Optional[Plan]:
     """Chunks of NCHW groups for this kernel and _hopper_bwd.py, K dividing cpg with at most max_tiles tiles per chunk.
-    split_to_fill (the backward): the K that minimises rounds x chunk tiles (the busiest program's share), ties to
-    fewer chunks. Otherwise (this forward): the least K that fits, if every program then takes MIN_ROUNDS = 2 or more
-    chunks, so that both compute partitions work (one chunk per program leaves one idle: (2, 320, 128, 128), K = 2 in
-    one round, measured 22.3 us vs 20.2 for the Triton plans, session 42); else the least K up to MAX_SPLIT that does
-    ((2, 640, 64, 64): K = 4, 11.6 us vs 12.4; more, smaller chunks cost more meetings than they save: K = 5 / 10
-    were slower at every batch-2 level). None when HW is not a multiple of a 512-byte row, no K fits, or the plan
-    would leave more than 1 - min_fill (default MIN_FILL) of the SMs' time idle."""
+    split_to_fill (the backward): of the K that fill the SMs, the one that minimises the busiest program's time in
+    tiles, rounds x (chunk tiles + round_cost) (+ idle_cost x chunk tiles for a single round, whose one chunk
+    overlaps nothing), ties to fewer chunks. Otherwise (this forward): the least K that fits the ring, unless that is
+    a single round of K >= 2 chunks that meet (one chunk per program: one of the two compute partitions idles and the
+    meeting's latency overlaps nothing), then the least K up to MAX_SPLIT that gives two or more rounds, else the
+    Triton plans. Session 42 (H100, forward us): (2, 1280, 64, 64) K = 2 in one round 22.2, K = 4 in two 20.6; (2,
+    320, 128, 128) K = 2 in one round 22.3, the Triton plans 20.2; a single round of whole groups (K = 1, no meeting)
+    stays: (4, 320, 64, 64) 9.6 vs 11.6 with K = 2 in two rounds; more, smaller chunks cost more meetings than they
+    save (K = 5 / 10 slower at every batch-2 level). None when HW is not a multiple of a 512-byte row, no K fits, or
+    the plan would leave more than 1 - min_fill (default MIN_FILL) of the SMs' time idle."""
     return _chunking(n, c, hw, groups, element_size, sms, max_tiles, MIN_FILL if min_fill is None else min_fill,
-                     split_to_fill, MIN_ROUNDS)
+                     split_to_fill, round_cost, idle_cost, ONE_ROUND_MEETINGS)
 
 
 @functools.lru_cache(maxsize=1024)
-def _chunking(n, c, hw, groups, element_size, sms, max_tiles, min_fill, split_to_fill, min_rounds) -> Optional[Plan]:
+def _chunking(n, c, hw, groups, element_size, sms, max_tiles, min_fill, split_to_fill, round_cost, idle_cost,
+              one_round_meetings) -> Optional[Plan]:
     """plan(), cached per call signature (eligible and the launcher both ask, every call)."""
     cols = ROW_BYTES // element_size
     tile_rows = TILE_BYTES // ROW_BYTES
@@ -410,17 +414,19 @@ def _chunking(n, c, hw, groups, element_size, sms, max_tiles, min_fill, split_to
         rounds = cdiv(n_groups, per_round)
         candidate = Plan(k, cpg // k * rows_per_channel, per_round)
         if split_to_fill:
-            if best is None or rounds * tiles < best[0]:
-                best = (rounds * tiles, candidate)
+            time = rounds * (tiles + round_cost) + (idle_cost * tiles if rounds == 1 else 0.0)
+            if fills(rounds * tiles) and (best is None or time < best[0]):
+                best = (time, candidate)
             continue
-        least = least or k
-        if k > max(least, MAX_SPLIT):
+        if least is None:     # the least K that fits
+            least = k
+            if rounds >= 2 or k == 1 or one_round_meetings:
+                return candidate if fills(rounds * tiles) else None
+        elif k > MAX_SPLIT:   # a single round of chunks that meet, and no K up to MAX_SPLIT gives two
             return None
-        if rounds >= min_rounds and fills(rounds * tiles):
+        if rounds >= 2 and fills(rounds * tiles):
             return candidate
-    if best is None or not fills(best[0]):
-        return None
-    return best[1]
+    return None if best is None else best[1]
 
 
 def eligible(x: torch.Tensor, num_groups: int, activation: str, residual_strides, y: torch.Tensor) -> bool:
