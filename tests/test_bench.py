@@ -276,6 +276,9 @@ def test_rounds_rotate_providers_and_take_the_median(monkeypatch):
     assert first == sorted(first) and max(first) < min(second) and max(second) < min(third)
     assert sorted(second, reverse=True) == [by[n].ms_rounds[1] for n in "bca"]
     assert sorted(third) == [by[n].ms_rounds[2] for n in "cab"]
+    # a case whose every provider passed the check and then failed at full size has nothing to time again
+    opts = Options(device="cpu", progress=False, only=r"^fwd rows=8$", providers=("oom-full",), rounds=3)
+    assert [r.status for r in Runner(opts, CEILINGS).run(FakeSuite())] == ["OOM"]
 
 
 # ----------------------------------------------------------------------------------------------------

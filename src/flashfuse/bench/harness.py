@@ -527,6 +527,8 @@ class Runner:
         row puts a few % of noise between providers of one case. ms becomes the median of the rounds."""
         by_name = {p.name: p for p in providers}
         timed = [r for r in rows if r.status == "OK"]
+        if not timed:
+            return
         cuda_graph = self.opts.cuda_graph or suite.cuda_graph(case)
         for i in range(1, self.opts.rounds):
             order = timed[i % len(timed):] + timed[:i % len(timed)]

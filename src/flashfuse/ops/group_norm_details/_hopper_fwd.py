@@ -26,9 +26,10 @@ boxes (rows past R zero-filled, masked in the sums and the stores). Program pid 
 pid // K, pid // K + S, ... (S groups per round): all K programs of a group are in the same round, and the grid
 (S K <= SMs, one program per SM by its shared memory) is resident at once, so a spin never waits on a program that
 is not running. Channels_last, a full-size residual, activations other than None / SiLU and plans that leave SMs
-idle (MIN_FILL) or one of the two compute partitions (plan()) stay with the Triton plans (group_norm.py), as
-does everything off sm_90 with triton 3.6 (the release this Gluon code is written and measured against). The math matches _kernels.py's forward (fp32
-statistics, s rounded to x's dtype like torch's add) and glu.py's SiLU (MUFU ex2 and rcp). Measured on an H200
+idle (MIN_FILL) or one of the two compute partitions (plan()) stay with the Triton plans (group_norm.py), as does
+everything off sm_90 with triton 3.6 (the release this Gluon code is written and measured against). The math
+matches _kernels.py's forward (fp32 statistics, s rounded to x's dtype like torch's add) and glu.py's SiLU (MUFU ex2
+and rcp). Measured on an H200
 (session 18): 65-76% of copy at SD's large NCHW levels, where the Triton plans reach 53-56%.
 """
 
