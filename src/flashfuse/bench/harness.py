@@ -520,11 +520,9 @@ class Runner:
             self._rates(case, row)
 
     def _more_rounds(self, suite: Suite, case: Case, providers: list[Provider], rows: list[Row], inputs) -> None:
-        """Options.rounds: each timed row's provider timed again, rounds - 1 times, the providers rotated (and
-        reversed every other round), so that no provider always runs in the same place, e.g. right after the
-        heaviest peer or first after the check's idle time: a GPU at its power cap changes clocks over seconds
-        (an H100 in session 42: 1450-1820 MHz, fp16 ~3% slower than bf16 for every provider), so one timing per
-        row puts a few % of noise between providers of one case. ms becomes the median of the rounds."""
+        """Options.rounds: each timed row timed rounds - 1 more times, the providers rotated (reversed every other
+        round), ms the median: a GPU at its power cap moves its clocks over seconds (an H100 in session 42:
+        1450-1820 MHz), so one timing per row puts a few % between the providers of one case."""
         by_name = {p.name: p for p in providers}
         timed = [r for r in rows if r.status == "OK"]
         if not timed:
