@@ -246,6 +246,15 @@ def test_hopper_forward_plan():
         if p is not None:
             assert -(-p.chunk_rows // 16) <= fwd.SLOTS and p.per_round * k <= 132
             assert k == 1 or -(-n * 32 // p.per_round) >= 2          # chunks that meet: two rounds or more
+    for n in (1, 2, 3, 4, 8, 16):      # every plan over a grid of shapes: meeting chunks run two rounds or more
+        for c in (128, 320, 640, 960, 1280, 2560):
+            for hw, size in ((1024, 2), (4096, 2), (9216, 2), (16384, 2), (4096, 4)):
+                p = fwd.plan(n, c, hw, 32, size, 132)
+                if p is not None:
+                    rounds = -(-n * 32 // p.per_round)
+                    assert p.n_chunks == 1 or rounds >= 2, (n, c, hw, size, p)
+                    tiles = -(-p.chunk_rows // 16)
+                    assert n * 32 * p.chunk_rows * p.n_chunks >= fwd.MIN_FILL * rounds * tiles * 16 * 132
     try:
         fwd.ONE_ROUND_MEETINGS = True
         assert fwd.plan(2, 320, 16384, 32, 2, 132).n_chunks == 2 and fwd.plan(2, 1280, 4096, 32, 2, 132).n_chunks == 2
