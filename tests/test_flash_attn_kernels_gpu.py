@@ -138,16 +138,16 @@ def _require_gluon():
                     f"(here sm_{''.join(map(str, torch.cuda.get_device_capability()))}, triton {triton.__version__})")
 
 
-def _hopper(persistent, bn=128, stages=2, consumers=2, q_stages=2, split_pv_wait=False, o_from_regs=False):
+def _hopper(persistent, bn=128, stages=2, consumers=2, q_stages=2, split_pv_wait=False, o_from_regs=False, tail=0):
     return dict(CONSUMERS=consumers, BLOCK_M=64 * consumers, BLOCK_N=bn, NUM_STAGES=stages, Q_STAGES=q_stages,
                 num_warps=4, CONSUMER_REGS=240 if consumers == 2 else 160, PERSISTENT=persistent,
-                SPLIT_PV_WAIT=split_pv_wait, O_FROM_REGS=o_from_regs)
+                SPLIT_PV_WAIT=split_pv_wait, O_FROM_REGS=o_from_regs, TAIL_DIM=tail)
 
 
 def _hopper_id(headdim, config):
     return ("d{}-{BLOCK_M}x{BLOCK_N}-s{NUM_STAGES}-q{Q_STAGES}".format(headdim, **config)
             + ("-persistent" * config["PERSISTENT"]) + ("-split" * config["SPLIT_PV_WAIT"])
-            + ("-oregs" * config["O_FROM_REGS"]))
+            + ("-oregs" * config["O_FROM_REGS"]) + (f"-tail{config['TAIL_DIM']}" * bool(config["TAIL_DIM"])))
 
 
 # (head dim, config): HOPPER_CONFIGS's kinds (persistent or one tile per program) at both head dims, three consumer
@@ -166,7 +166,13 @@ HOPPER_GPU_CONFIGS = [(64, _hopper(True)), (64, _hopper(False)), (128, _hopper(T
                       # head dims padded to 256, O stored from registers (session 38)
                       (256, _hopper(True, bn=64, q_stages=1, o_from_regs=True)),
                       (160, _hopper(False, bn=64, q_stages=1, o_from_regs=True)),
-                      (200, _hopper(True, bn=64, q_stages=1, o_from_regs=True))]
+                      (200, _hopper(True, bn=64, q_stages=1, o_from_regs=True)),
+                      # 129..192 as 128 columns and a 32- / 64-column tail (session 43; 144 and 176: the tail's box
+                      # zero-filled past the head dim)
+                      (160, _hopper(True, q_stages=1, o_from_regs=True, tail=32)),
+                      (144, _hopper(False, bn=128, q_stages=1, o_from_regs=True, tail=32)),
+                      (192, _hopper(True, bn=64, stages=3, q_stages=1, o_from_regs=True, tail=64)),
+                      (176, _hopper(False, bn=64, o_from_regs=True, tail=64))]
 HOPPER_GPU_SHAPES = FAST_GPU_SHAPES + [(BF16, (1, 77), MHA, {}), (F16, (300, 100), GQA, {"causal": True}),
                                       (BF16, (1500, 777), GQA, {"window_size": (-1, 32)}),  # paired, rows with no key
                                       (BF16, (1024, 1024), MHA, {"causal": True})]          # aligned diagonal
@@ -252,6 +258,8 @@ def test_padded_head_dims_take_gluon_gpu(monkeypatch, headdim, causal):
     out, lse and every gradient pass flash-attn's criterion against the fp32 reference."""
     _require_gluon()
     assert flash_fwd_hopper.kernel_head_dim(headdim) == (64 if headdim <= 64 else 128 if headdim <= 128 else 256)
+    assert flash_fwd_hopper.forward_head_dim(headdim) == (160 if 128 < headdim <= 160 else 192 if 160 < headdim <= 192
+                                                          else flash_fwd_hopper.kernel_head_dim(headdim))
     for name in ("_flash_fwd_kernel", "_flash_fwd_fast_kernel"):
         monkeypatch.setattr(flash_fwd, name, None)
     monkeypatch.setattr(flash_bwd, "_flash_bwd_kernel", None)

@@ -164,8 +164,17 @@ def test_hopper_forward_plan():
     full_128 = hopper.HOPPER_CONFIGS[(128, False)][0][1]
     assert hopper.hopper_forward_config(96, False, 4096, 4096, 16 * 16, 132) == full_128
     assert hopper.hopper_forward_config(40, True, 1024, 1024, 16 * 32, 132) == hopper.HOPPER_CONFIGS[(64, True)][1][1]
-    wide = hopper.hopper_forward_config(160, False, 4096, 4096, 16 * 16, 132)            # padded to 256
+    wide = hopper.hopper_forward_config(224, False, 4096, 4096, 16 * 16, 132)            # padded to 256
     assert wide == hopper.HOPPER_CONFIGS[(256, False)][0][1] and wide["O_FROM_REGS"] and wide["BLOCK_N"] == 64
+    # 129..192: 128 columns and a 32- / 64-column tail (forward_head_dim); varlen pads them to 256
+    assert [hopper.forward_head_dim(d) for d in (128, 129, 160, 161, 192, 193, 256)] == [128, 160, 160, 192, 192, 256,
+                                                                                        256]
+    for d, tail in ((144, 32), (160, 32), (176, 64), (192, 64)):
+        for causal in (False, True):
+            config = hopper.hopper_forward_config(d, causal, 4096, 4096, 16 * 16, 132)
+            assert config["TAIL_DIM"] == tail and config["O_FROM_REGS"], (d, causal)
+    assert hopper.hopper_forward_config(160, True, 4096, 4096, 16 * 16, 132, tail=False)["TAIL_DIM"] == 0
+    assert hopper.varlen_config(160, True, False, 4096, 4096, 16 * 16, 132)["TAIL_DIM"] == 0
     assert hopper.hopper_forward_config(288, False, 4096, 4096, 16 * 16, 132) is None     # no entry
     assert hopper.hopper_forward_config(32, False, 4096, 4096, 16 * 16, 132) is None
     assert hopper.hopper_forward_config(64, False, 1024, 256, 16 * 32, 132) is None       # short key loop

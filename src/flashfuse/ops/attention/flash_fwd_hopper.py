@@ -61,7 +61,8 @@ import triton
 from ..._env import INTERPRET
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device, sm_count
 from .flash_fwd_hopper_configs import (HOPPER_CONFIGS, HOPPER_ODD_CAUSAL_CONFIGS, MIN_WAVE,  # noqa: F401
-                                       _WARP_SPECIALIZED, _WIDE, hopper_forward_config, kernel_head_dim, varlen_config)
+                                       _WARP_SPECIALIZED, _WIDE, forward_head_dim, hopper_forward_config,
+                                       kernel_head_dim, varlen_config)
 
 # The triton release this file's Gluon code is written and GPU-tested against.
 GLUON_TRITON = "3.6."
@@ -179,21 +180,32 @@ if gluon is not None:
         return j0, gl.maximum(gl.cdiv(hi, BLOCK_N) - j0, 1)
 
     @gluon.jit
+    def _tail_load(descs, smem, i: gl.constexpr, b, row, h, bar, slot, HEAD_DIM: gl.constexpr,
+                   TAIL_DIM: gl.constexpr):
+        """TAIL_DIM > 0: columns HEAD_DIM.. of the tile at (b, row, h) (descs[i]: boxes TAIL_DIM wide, zero-filled
+        past the head dim) into smem[i]'s slot, completing on bar with the main box."""
+        if TAIL_DIM > 0:
+            tma.async_copy_global_to_shared(descs[i], [b, row, h, HEAD_DIM], bar,
+                                            _tma_box(smem[i].index(slot), descs[i]))
+
+    @gluon.jit
     def _ws_producer(descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT: gl.constexpr,
                      HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                      PAIRED: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr):
+                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr,
+                     TAIL_DIM: gl.constexpr):
         """One warp: per tile, Q into each consumer's slot it % Q_STAGES once that consumer's last Q K^T of the
         tile that used it is done, then K_j / V_j into ring slot c % NUM_STAGES (c counts key blocks over all
         tiles) once all consumers released it. Varlen: a V box reaching past cu_seqlens_k[-1] lands on the producer's
         own barrier (v_ready[NUM_STAGES]), has those rows zeroed (_load_zeroed), then is released on its ready barrier
-        (K's need not: S masks them with -inf, not 0 * x)."""
-        q_desc, k_desc, v_desc, o_desc = descs
-        q_smem, k_smem, v_smem, o_smem = smem
+        (K's need not: S masks them with -inf, not 0 * x). TAIL_DIM: each tile's columns past HEAD_DIM come in a
+        second box of their own (_tail_load) on the same barrier."""
+        q_desc, k_desc, v_desc, o_desc = descs[:4]
+        q_smem, k_smem, v_smem, o_smem = smem[:4]
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
         nheads_q, group, seqlen_q, seqlen_k, n_m_blocks, n_units = shape
         ROWS: gl.constexpr = BLOCK_M // CONSUMERS
-        tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
+        tile_bytes: gl.constexpr = BLOCK_N * (HEAD_DIM + TAIL_DIM) * 2
         k_end = _packed_end(cu_seqlens[1], n_units * (2 if PAIRED else 1) // (n_m_blocks * nheads_q), IS_VARLEN)
         zphase = 0
         c = 0
@@ -213,9 +225,11 @@ if gluon is not None:
                 for w in gl.static_range(CONSUMERS):
                     q_slot = w * Q_STAGES + it % Q_STAGES
                     mbarrier.wait(q_empty.index(q_slot), ((it // Q_STAGES) & 1) ^ 1)     # the slots start free
-                    mbarrier.expect(q_ready.index(q_slot), ROWS * HEAD_DIM * 2)
+                    mbarrier.expect(q_ready.index(q_slot), ROWS * (HEAD_DIM + TAIL_DIM) * 2)
                     tma.async_copy_global_to_shared(q_desc, [b, q_start + m0 + w * ROWS, i_h, 0],
                                                     q_ready.index(q_slot), _tma_box(q_smem.index(q_slot), q_desc))
+                    _tail_load(descs, smem, 4, b, q_start + m0 + w * ROWS, i_h, q_ready.index(q_slot), q_slot,
+                               HEAD_DIM, TAIL_DIM)
                 n_plain = n_blocks
                 if IS_VARLEN:       # the last block's V box reaches past cu_seqlens_k[-1]: loaded apart, below
                     if k_start + (j0 + n_blocks) * BLOCK_N > k_end:
@@ -228,10 +242,14 @@ if gluon is not None:
                     mbarrier.expect(k_ready.index(slot), tile_bytes)
                     tma.async_copy_global_to_shared(k_desc, [b, k_start + (j0 + j) * BLOCK_N, i_hk, 0],
                                                     k_ready.index(slot), _tma_box(k_smem.index(slot), k_desc))
+                    _tail_load(descs, smem, 5, b, k_start + (j0 + j) * BLOCK_N, i_hk, k_ready.index(slot), slot,
+                               HEAD_DIM, TAIL_DIM)
                     mbarrier.wait(v_empty.index(slot), free_parity)
                     mbarrier.expect(v_ready.index(slot), tile_bytes)
                     tma.async_copy_global_to_shared(v_desc, [b, k_start + (j0 + j) * BLOCK_N, i_hk, 0],
                                                     v_ready.index(slot), _tma_box(v_smem.index(slot), v_desc))
+                    _tail_load(descs, smem, 6, b, k_start + (j0 + j) * BLOCK_N, i_hk, v_ready.index(slot), slot,
+                               HEAD_DIM, TAIL_DIM)
                 if IS_VARLEN:
                     if n_plain < n_blocks:
                         slot = (c + n_plain) % NUM_STAGES
@@ -248,19 +266,30 @@ if gluon is not None:
                 it += 1
 
     @gluon.jit
+    def _issue_scores(q, k_smem, smem, zero_s, q_slot, slot, TAIL_DIM: gl.constexpr):
+        """Issues S = Q K^T for K slot `slot` (async): TAIL_DIM > 0, as the main columns' product plus the tail's
+        (smem[4], smem[5]: Q's and K's columns past HEAD_DIM), two wgmma groups into one accumulator."""
+        s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        if TAIL_DIM > 0:
+            s_tok = warpgroup_mma(smem[4].index(q_slot), smem[5].index(slot).permute((1, 0)), s_tok, is_async=True)
+        return s_tok
+
+    @gluon.jit
     def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left,
                      window_right, qk_scale, WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, PAIRED: gl.constexpr,
                      CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr, SPLIT_PV_WAIT: gl.constexpr,
-                     O_FROM_REGS: gl.constexpr):
+                     O_FROM_REGS: gl.constexpr, TAIL_DIM: gl.constexpr):
         """One warpgroup, rows [m0 + WG * ROWS, +ROWS) of each tile (ROWS = BLOCK_M / CONSUMERS): the schedule in the module
         docstring (S_j issued beside P_{j-1} V_{j-1}), releasing K / V slots and its Q slots through mbarriers
         (one arrival per warpgroup). Q comes in Q_STAGES slots (with two, the next tile's Q loads while this one
         runs). O leaves through its own shared-memory slot by TMA while the next tile starts, or, O_FROM_REGS (head dims
-        padded to 256: no room for the slots), straight from registers (o_out: pointer, strides, head_dim)."""
-        q_desc, k_desc, v_desc, o_desc = descs
-        q_smem, k_smem, v_smem, o_smem = smem
+        padded to 256: no room for the slots), straight from registers (o_out: pointer, strides, head_dim).
+        TAIL_DIM > 0 (head dims 129..192): columns HEAD_DIM.. of Q, K and V in tiles of their own (smem[4:7]), S summed
+        over both parts' products and O held as two accumulators, HEAD_DIM and TAIL_DIM wide (O_FROM_REGS)."""
+        q_desc, k_desc, v_desc, o_desc = descs[:4]
+        q_smem, k_smem, v_smem, o_smem = smem[:4]
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
         nheads_q, group, max_seqlen_q, max_seqlen_k, n_m_blocks, n_units = shape
         ROWS: gl.constexpr = BLOCK_M // CONSUMERS
@@ -271,6 +300,10 @@ if gluon is not None:
                                                            instr_shape=[16, HEAD_DIM, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        ot_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, max(TAIL_DIM, 8), 16])
+        ot_rows: gl.constexpr = gl.SliceLayout(1, ot_layout)
+        TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
         zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
         # Key blocks narrower than the tile: the tile's trailing blocks that none of this warpgroup's rows sees (the
         # lower warpgroup's half of a causal diagonal) are released unread. (At full-width blocks that happens only
@@ -307,11 +340,12 @@ if gluon is not None:
                 m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
                 l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
                 acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+                if TAIL_DIM > 0:
+                    acc_t = gl.zeros([ROWS, TAIL_DIM], gl.float32, layout=ot_layout)
 
                 mbarrier.wait(q_ready.index(q_slot), (it // Q_STAGES) & 1)
                 mbarrier.wait(k_ready.index(c % NUM_STAGES), (c // NUM_STAGES) & 1)
-                s_tok = warpgroup_mma(q, k_smem.index(c % NUM_STAGES).permute((1, 0)), zero_s, use_acc=False,
-                                      is_async=True)
+                s_tok = _issue_scores(q, k_smem, smem, zero_s, q_slot, c % NUM_STAGES, TAIL_DIM)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
                 mbarrier.arrive(k_empty.index(c % NUM_STAGES), count=1)
                 p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j0, row0, seqlen_q, seqlen_k, full_end, left_full,
@@ -322,10 +356,13 @@ if gluon is not None:
                     slot = (c + j) % NUM_STAGES
                     prev = (c + j - 1) % NUM_STAGES
                     mbarrier.wait(k_ready.index(slot), ((c + j) // NUM_STAGES) & 1)
-                    s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                    s_tok = _issue_scores(q, k_smem, smem, zero_s, q_slot, slot, TAIL_DIM)
                     mbarrier.wait(v_ready.index(prev), ((c + j - 1) // NUM_STAGES) & 1)
                     acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                    s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))       # S_j done; P V still running
+                    if TAIL_DIM > 0:
+                        acc_t_tok = warpgroup_mma(p_op, smem[6].index(prev), acc_t, is_async=True)
+                    # S_j done; P V still running
+                    s = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(s_tok, ))
                     mbarrier.arrive(k_empty.index(slot), count=1)
                     p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j0 + j, row0, seqlen_q, seqlen_k, full_end,
                                                         left_full, window_left, window_right, qk_scale, HAS_LEFT,
@@ -336,7 +373,11 @@ if gluon is not None:
                         # wait as early as it may), before every exponential, so that this softmax never overlapped its
                         # own P V (SASS of every config, session 30).
                         gl.store(p_lse + row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout)), l_i)
-                    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
+                    if TAIL_DIM > 0:
+                        acc, acc_t, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, acc_t_tok, p_op))
+                        acc_t = acc_t * gl.expand_dims(gl.convert_layout(alpha, ot_rows), 1)
+                    else:
+                        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
                     mbarrier.arrive(v_empty.index(prev), count=1)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
                     p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -344,7 +385,11 @@ if gluon is not None:
                 last = c + n_mine - 1
                 mbarrier.wait(v_ready.index(last % NUM_STAGES), (last // NUM_STAGES) & 1)
                 acc_tok = warpgroup_mma(p_op, v_smem.index(last % NUM_STAGES), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+                if TAIL_DIM > 0:
+                    acc_t_tok = warpgroup_mma(p_op, smem[6].index(last % NUM_STAGES), acc_t, is_async=True)
+                    acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, acc_t_tok))
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
                 mbarrier.arrive(v_empty.index(last % NUM_STAGES), count=1)
 
                 # (computed here, not before the key loop: live across it they cost 2-3% at hd128 causal 4K keys)
@@ -366,6 +411,15 @@ if gluon is not None:
                             + gl.expand_dims(o_cols, 0))
                     gl.store(p_out + offs, out.to(dtype),
                              mask=gl.expand_dims(o_row_ids < seqlen_q, 1) & gl.expand_dims(o_cols < head_dim, 0))
+                    if TAIL_DIM > 0:      # columns HEAD_DIM.. from the tail's accumulator
+                        out_t = acc_t * gl.expand_dims(gl.convert_layout(1.0 / l_safe, ot_rows), 1)
+                        t_cols = HEAD_DIM + gl.arange(0, TAIL_DIM, layout=gl.SliceLayout(0, ot_layout))
+                        t_row_ids = row0 + gl.arange(0, ROWS, layout=ot_rows)
+                        offs = (i_b.to(gl.int64) * stride_o_b + i_h.to(gl.int64) * stride_o_h
+                                + gl.expand_dims((q_start + t_row_ids).to(gl.int64) * stride_o_s, 1)
+                                + gl.expand_dims(t_cols, 0))
+                        gl.store(p_out + offs, out_t.to(dtype),
+                                 mask=gl.expand_dims(t_row_ids < seqlen_q, 1) & gl.expand_dims(t_cols < head_dim, 0))
                 else:
                     o_buf = o_smem.index(WG)
                     tma.store_wait(pendings=0)       # the previous tile's O has left o_buf
@@ -389,25 +443,28 @@ if gluon is not None:
 
     @gluon.jit
     def _flash_fwd_hopper_kernel(
-        q_desc, k_desc, v_desc, o_desc, p_lse, stride_lse_b, stride_lse_h, p_out, stride_o_b, stride_o_s, stride_o_h,
+        q_desc, k_desc, v_desc, o_desc, qt_desc, kt_desc, vt_desc, p_lse, stride_lse_b, stride_lse_h, p_out, stride_o_b, stride_o_s, stride_o_h,
         head_dim, p_cu_seqlens_q, p_cu_seqlens_k, nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_left,
         window_right, n_units,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
         PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
         Q_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        SPLIT_PV_WAIT: gl.constexpr, O_FROM_REGS: gl.constexpr, num_warps: gl.constexpr,
+        SPLIT_PV_WAIT: gl.constexpr, O_FROM_REGS: gl.constexpr, TAIL_DIM: gl.constexpr, QT_SMEM: gl.constexpr,
+        KVT_SMEM: gl.constexpr, num_warps: gl.constexpr,
     ):
         # Host-side TMA descriptors over q, o [batch, seqlen_q, nheads_q, head_dim] (boxes [1, 64, 1, HEAD_DIM]) and
         # k, v [batch, seqlen_k, nheads_k, head_dim] (boxes [1, BLOCK_N, 1, HEAD_DIM]), head_dim <= HEAD_DIM
         # (kernel_head_dim): rows past a sequence's end and columns past head_dim are zero-filled on loads and dropped
-        # on stores. lse [batch, nheads_q, seqlen_q] fp32.
+        # on stores. lse [batch, nheads_q, seqlen_q] fp32. TAIL_DIM > 0 (head dims 129..192 as 128 + 32 / 64 columns):
+        # qt / kt / vt_desc over q / k / v with boxes [1, rows, 1, TAIL_DIM], loaded at column HEAD_DIM; else unused.
         # Grid (min(n_units, SMs),) persistent, else (n_units,): n_units = cdiv(seqlen_q, BLOCK_M) * batch * nheads_q
         # tiles, or PAIRED (persistent causal, an even row-block count) half as many pairs of tiles (_ws_tile).
         # CONSUMERS (2 or 3) warpgroups of 64 rows: num_warps = 4 is the first (the default partition); the other
         # consumers and the producer warp are the workers.
         gl.static_assert(num_warps == 4)
         gl.static_assert(BLOCK_M == 64 * CONSUMERS)
+        gl.static_assert(TAIL_DIM == 0 or (O_FROM_REGS and not IS_VARLEN))
         dtype: gl.constexpr = q_desc.dtype
         ROWS: gl.constexpr = 64
         q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS * Q_STAGES, ROWS, HEAD_DIM], Q_SMEM)
@@ -440,6 +497,11 @@ if gluon is not None:
         PRODUCER_REGS: gl.constexpr = 40 if IS_VARLEN and CONSUMERS == 2 else 24
         descs = (q_desc, k_desc, v_desc, o_desc)
         smem = (q_smem, k_smem, v_smem, o_smem)
+        if TAIL_DIM > 0:        # the columns past HEAD_DIM: slots like the main ones', TAIL_DIM wide
+            descs = descs + (qt_desc, kt_desc, vt_desc)
+            smem = smem + (gl.allocate_shared_memory(dtype, [CONSUMERS * Q_STAGES, ROWS, TAIL_DIM], QT_SMEM),
+                           gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, TAIL_DIM], KVT_SMEM),
+                           gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, TAIL_DIM], KVT_SMEM))
         bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
         shape = (nheads_q, group, seqlen_q, seqlen_k, gl.cdiv(seqlen_q, BLOCK_M), n_units)
         o_out = (p_out, stride_o_b, stride_o_s, stride_o_h, head_dim)
@@ -448,28 +510,28 @@ if gluon is not None:
             gl.warp_specialize([
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 0,
                                 HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS)),
+                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 1,
                                 HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS)),
+                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
                 (_ws_producer, (descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT, HAS_RIGHT,
                                 BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
-                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
+                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, TAIL_DIM)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 0,
                                 HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS)),
+                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 1,
                                 HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS)),
+                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 2,
                                 HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS)),
+                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
                 (_ws_producer, (descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT, HAS_RIGHT,
                                 BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
-                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES)),
+                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, TAIL_DIM)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
     _launch_forward = LaunchCache(_flash_fwd_hopper_kernel)
@@ -538,8 +600,9 @@ class _ForwardPlan:
             batch = cu_seqlens_q.numel() - 1
             q_strides, k_strides, v_strides, o_strides = ((t[1] * n, *t[1:]) for t, n in (
                 (q_strides, rows_q), (k_strides, rows_k), (v_strides, rows_k), (o_strides, rows_q)))
-        kernel_dim = kernel_head_dim(head_dim) or head_dim
         cfg = dict(config)
+        tail = cfg.setdefault("TAIL_DIM", 0)    # head dims 129..192: 128 columns, then a tail box (forward_head_dim)
+        kernel_dim = 128 if tail else kernel_head_dim(head_dim) or head_dim
         block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
         rows = block_m // cfg["CONSUMERS"]          # 64: one consumer warpgroup's rows
         n_m_blocks = cdiv(seqlen_q, block_m)
@@ -550,14 +613,17 @@ class _ForwardPlan:
         grid = (min(n_units, sm_count(q.device)) if cfg.pop("PERSISTENT") else n_units, )
         # The kernel reads each [1, box, 1, head_dim] TMA box as a [box, head_dim] tile (_tma_box): the two layouts
         # must swizzle alike.
-        assert all(_smem_layout([1, box, 1, kernel_dim], q.dtype).swizzle_byte_width
-                   == _smem_layout([box, kernel_dim], q.dtype).swizzle_byte_width for box in (rows, block_n))
+        assert all(_smem_layout([1, box, 1, width], q.dtype).swizzle_byte_width
+                   == _smem_layout([box, width], q.dtype).swizzle_byte_width
+                   for box in (rows, block_n) for width in (kernel_dim, tail or kernel_dim))
+        q_kv = ((rows_q, nheads_q, q_strides, rows), (rows_k, nheads_k, k_strides, block_n),
+                (rows_k, nheads_k, v_strides, block_n))
+        # q, k, v, out with boxes kernel_dim wide, then q, k, v again with the tail's (unused without one)
         self.descriptors = [sequence_geometry(1 if is_varlen else batch, seqlen, heads, head_dim, strides, box,
-                                              q.dtype, kernel_dim)
-                            for seqlen, heads, strides, box in ((rows_q, nheads_q, q_strides, rows),
-                                                                (rows_k, nheads_k, k_strides, block_n),
-                                                                (rows_k, nheads_k, v_strides, block_n),
-                                                                (rows_q, nheads_q, o_strides, rows))]
+                                              q.dtype, width)
+                            for (seqlen, heads, strides, box), width in (
+                                *((g, kernel_dim) for g in (*q_kv, (rows_q, nheads_q, o_strides, rows))),
+                                *((g, tail or kernel_dim) for g in q_kv))]
         self.lse_strides = tuple(lse_strides)
         self.o_args = (0 if is_varlen else o_strides[0], *o_strides[1:3], head_dim)  # O_FROM_REGS: out's strides
                                                                                       # and true head dim
@@ -569,9 +635,11 @@ class _ForwardPlan:
                              BLOCK_N=block_n,
                              HEAD_DIM=kernel_dim,
                              Q_SMEM=_smem_layout([rows, kernel_dim], q.dtype),
-                             KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype), **cfg)
+                             KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype),
+                             QT_SMEM=_smem_layout([rows, tail or kernel_dim], q.dtype),
+                             KVT_SMEM=_smem_layout([block_n, tail or kernel_dim], q.dtype), **cfg)
 
     def __call__(self, q, k, v, out, lse, qk_scale, cu_seqlens_q=None, cu_seqlens_k=None):
         cu_q, cu_k = (lse, lse) if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k)
-        self.launch(q, k, v, out, lse, *self.lse_strides, out, *self.o_args, cu_q, cu_k, *self.sizes, qk_scale,
+        self.launch(q, k, v, out, q, k, v, lse, *self.lse_strides, out, *self.o_args, cu_q, cu_k, *self.sizes, qk_scale,
                     *self.window)

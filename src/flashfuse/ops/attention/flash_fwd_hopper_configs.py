@@ -10,7 +10,7 @@ from typing import Optional
 from .._triton import cdiv
 
 _WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_STAGES=2, num_warps=4, CONSUMER_REGS=240,
-                         SPLIT_PV_WAIT=False, O_FROM_REGS=False)
+                         SPLIT_PV_WAIT=False, O_FROM_REGS=False, TAIL_DIM=0)
 
 # (head dim, right window / causal) -> ((shortest key loop, config), ...): where this kernel measured faster than
 # flash_fwd's (bf16, 16384 tokens, model dim 2048, CUDA-graph timed; the numbers are in benchmarks/NOTES.md under each
@@ -38,6 +38,13 @@ _THREE_CONSUMERS = dict(_WARP_SPECIALIZED, CONSUMERS=3, BLOCK_M=192, CONSUMER_RE
 # 488 / 550) vs Triton's 362 / 377 / 392 and cuDNN's 574 / 615 / 623; hd160 368 / 407 / 418 vs 301 / 342 / 365 (cuDNN
 # 470-511).
 _WIDE = dict(_WARP_SPECIALIZED, BLOCK_N=64, Q_STAGES=1, O_FROM_REGS=True)
+# Head dims 129..160 and 161..192 (session 43): 128 columns plus a 32- / 64-column tail in tiles of their own
+# (forward_head_dim), instead of 256; O from registers (two accumulators). H100, S = 1K / 2K / 4K, CUDA-graph timed
+# (`results/h100-2026-11-24-s43/c1`): hd160 128-key tiles 504 / 565 / 611 (causal 355 / 446 / 516), 64-key tiles
+# 466-540, padded to 256 379-430, cuDNN 468 / 497 / 522 (350 / 414 / 455); hd192 64-key tiles 499 / 539 / 572 (366 /
+# 447 / 501), padded 423-498, cuDNN 543 / 599 / 632 (412 / 485 / 529). 128-key tiles at hd192 need 240 KB.
+_TAIL_32 = dict(_WARP_SPECIALIZED, BLOCK_N=128, Q_STAGES=1, O_FROM_REGS=True, TAIL_DIM=32)
+_TAIL_64 = dict(_WARP_SPECIALIZED, BLOCK_N=64, Q_STAGES=1, O_FROM_REGS=True, TAIL_DIM=64)
 HOPPER_CONFIGS = {
     (64, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
     (64, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
@@ -47,6 +54,10 @@ HOPPER_CONFIGS = {
     (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
                   (1024, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1)),
                   (2048, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1, SPLIT_PV_WAIT=True))),
+    (160, False): ((512, dict(_TAIL_32, PERSISTENT=True)), ),
+    (160, True): ((512, dict(_TAIL_32, PERSISTENT=True)), ),
+    (192, False): ((512, dict(_TAIL_64, PERSISTENT=True)), ),
+    (192, True): ((512, dict(_TAIL_64, PERSISTENT=True)), ),
     (256, False): ((512, dict(_WIDE, PERSISTENT=True)), ),
     (256, True): ((512, dict(_WIDE, PERSISTENT=True)), ),
 }
@@ -55,6 +66,8 @@ HOPPER_CONFIGS = {
 HOPPER_ODD_CAUSAL_CONFIGS = {
     64: ((4096, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
     128: ((512, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
+    160: ((512, dict(_TAIL_32, PERSISTENT=False)), ),
+    192: ((512, dict(_TAIL_64, PERSISTENT=False)), ),
     256: ((512, dict(_WIDE, PERSISTENT=False)), ),
 }
 
@@ -70,15 +83,16 @@ MIN_WAVE = 0.9
 
 
 def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, programs_per_row_block: int,
-                          num_sms: int, left_window: bool = False):
+                          num_sms: int, left_window: bool = False, tail: bool = True):
     """This file's config for a call, or None where flash_fwd's kernels measured faster: head dims and masks
     without a HOPPER_CONFIGS entry, key loops shorter than the entry's, grids under MIN_WAVE waves of tiles. Causal
     calls whose row blocks do not pair up take HOPPER_ODD_CAUSAL_CONFIGS; persistent configs whose units fill under
     MIN_WAVE waves run one tile per program. A left window takes two consumer warpgroups (three spill 160 bytes with
-    its mask, ptxas offline, session 37)."""
-    config = _table_entry(HOPPER_CONFIGS.get((kernel_head_dim(head_dim), causal), ()), seqlen_k)
+    its mask, ptxas offline, session 37). tail=False: head dims 129..192 padded to 256 (varlen_config)."""
+    width = forward_head_dim(head_dim) if tail else kernel_head_dim(head_dim)
+    config = _table_entry(HOPPER_CONFIGS.get((width, causal), ()), seqlen_k)
     if config is not None and causal and cdiv(seqlen_q, config["BLOCK_M"]) % 2:
-        config = _table_entry(HOPPER_ODD_CAUSAL_CONFIGS.get(kernel_head_dim(head_dim), ()), seqlen_k)
+        config = _table_entry(HOPPER_ODD_CAUSAL_CONFIGS.get(width, ()), seqlen_k)
     if config is None:
         return None
     if left_window and config["CONSUMERS"] == 3:
@@ -108,6 +122,17 @@ def kernel_head_dim(head_dim: int) -> Optional[int]:
     return None
 
 
+def forward_head_dim(head_dim: int) -> Optional[int]:
+    """The width the forward computes for inputs of head_dim (its HOPPER_CONFIGS key): 160 for 129..160 and 192 for
+    161..192 (128 columns, then a tail box of 32 / 64: TAIL_DIM), else kernel_head_dim's 64 / 128 / 256 (the backward
+    pads 129..256 to 256)."""
+    if 128 < head_dim <= 160:
+        return 160
+    if 160 < head_dim <= 192:
+        return 192
+    return kernel_head_dim(head_dim)
+
+
 def _table_entry(entries, seqlen_k: int):
     """The config of the last (shortest key loop, config) entry whose key loop is at most seqlen_k, or None."""
     config = None
@@ -128,7 +153,7 @@ def varlen_config(head_dim: int, causal: bool, left_window: bool, max_seqlen_q: 
     if kernel_dim == 64 and not causal and max_seqlen_k < 4096:
         return None
     config = hopper_forward_config(head_dim, causal, max_seqlen_q, max_seqlen_k, programs_per_row_block, num_sms,
-                                   left_window)
+                                   left_window, tail=False)     # the producer's zeroing (_zero_rows) takes one box
     if config is None:
         return None
     config["O_FROM_REGS"] = True
