@@ -1,7 +1,12 @@
 """Gluon pieces shared by the Hopper attention kernels (flash_fwd_hopper, flash_bwd_hopper, flash_bwd_dq_hopper): TMA
-boxes seen as tiles, a varlen sequence's bounds, and the producers' zeroing of rows past cu_seqlens[-1]."""
+boxes seen as tiles, a varlen sequence's bounds, and the producers' zeroing of rows past cu_seqlens[-1]; on the host,
+the shared-memory layouts and the 4-D descriptors' geometry."""
 
 from __future__ import annotations
+
+import functools
+
+import torch
 
 try:
     from triton.experimental import gluon
@@ -77,3 +82,31 @@ if gluon is not None:
         else:
             b, q_start, k_start, sq, sk = i_b, 0, 0, seqlen_q, seqlen_k
         return b, q_start, k_start, sq, sk
+
+
+def _smem_layout(block_shape, dtype):
+    return _smem_layout_cached(tuple(block_shape), dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout_cached(block_shape, dtype):
+    # ~11 us uncached, ten lookups per launch: measured as host time at short sequences (session 15)
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
+
+
+def sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype, box_dim):
+    """(shape, strides, box, layout) of the 4-D host-side descriptor over a [batch, seqlen, heads, head_dim] tensor
+    with [1, box, 1, box_dim] boxes (box_dim: kernel_head_dim, or the forward's tail width, its boxes loaded from column
+    128 on) that both Gluon kernels use (rows past seqlen and columns past head_dim zero-filled on loads, dropped on
+    stores): host_descriptor's arguments after the tensor."""
+    return ([batch, seqlen, heads, head_dim], list(strides), [1, box, 1, box_dim],
+            _smem_layout([1, box, 1, box_dim], dtype))
+
+
+def packed_geometry(t, varlen):
+    """(batch, seqlen, heads, strides) of the 4-D descriptors over t: as given, or, varlen (t packed (total, heads,
+    head_dim)), one batch entry of all rows (the unit dimension's stride any nonzero multiple of 16 bytes)."""
+    if not varlen:
+        return (*t.shape[:3], t.stride())
+    return 1, t.shape[0], t.shape[1], (t.stride(0) * t.shape[0], *t.stride())

@@ -45,7 +45,11 @@ bounds from cu_seqlens, row blocks past a sequence's end are skipped and O leave
 (a TMA box would overwrite the next sequence's first rows); a V box reaching past cu_seqlens[-1] has those rows zeroed
 by the producer (_zero_rows: NaN padding must not reach the last sequence, session 41). Head dims 64, 128 and 256, and
 those between (33..256) padded to them by the TMA boxes alone (kernel_head_dim); at 256 O leaves from registers
-(O_FROM_REGS: its shared-memory slots do not fit beside Q and K / V). Configs: flash_fwd_hopper_configs.py.
+(O_FROM_REGS: its shared-memory slots do not fit beside Q and K / V). But 129..160 and 161..192 (forward_head_dim,
+session 43): 128 columns plus a TAIL_DIM = 32 / 64 tail, each Q / K / V tile's tail in a box and slots of its own, S
+the sum of two wgmma groups, O two accumulators stored from registers: 160 / 256 and 192 / 256 of the padded work (not
+varlen: its producer zeroing takes one box). Configs: flash_fwd_hopper_configs.py; the tile walk and the softmax step:
+flash_fwd_hopper_tiles.py.
 Gluon is triton's lower-level dialect and its API still moves between releases, so this kernel is used only on the
 release it was written and measured against (GLUON_TRITON); flash_fwd falls back to its Triton kernels everywhere
 else, the CPU interpreter included.
@@ -60,6 +64,7 @@ import triton
 
 from ..._env import INTERPRET
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device, sm_count
+from ._hopper_common import _smem_layout, packed_geometry, sequence_geometry  # noqa: F401 (flash_bwd_*'s imports)
 from .flash_fwd_hopper_configs import (HOPPER_CONFIGS, HOPPER_ODD_CAUSAL_CONFIGS, MIN_WAVE,  # noqa: F401
                                        _WARP_SPECIALIZED, _WIDE, forward_head_dim, hopper_forward_config,
                                        kernel_head_dim, varlen_config)
@@ -100,84 +105,9 @@ def _capability(index: int):
 
 if gluon is not None:
     from ._hopper_common import _load_zeroed, _packed_end, _seq_bounds, _tma_box
+    from .flash_fwd_hopper_tiles import _softmax_block, _ws_key_blocks, _ws_row_block, _ws_tiles
 
     _LOG2E = gl.constexpr(LOG2E)
-
-    @gluon.jit
-    def _softmax_block(s, m_i, l_i, j, m0, seqlen_q, seqlen_k, full_end, left_full, window_left, window_right,
-                       qk_scale, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-        """Online-softmax step for key block j: s [BLOCK_M, BLOCK_N] raw Q K^T (fp32, s_layout).
-        Returns (p, alpha, m_new, l_new); blocks reaching past full_end get the causal / length mask, blocks starting
-        before left_full (HAS_LEFT: the first key every row sees) the left window's."""
-        need_mask = (j + 1) * BLOCK_N > full_end
-        if HAS_LEFT:
-            need_mask = need_mask | (j * BLOCK_N < left_full)
-        if need_mask:
-            # Key j * BLOCK_N + c is visible iff c <= last (per row, relative to the block): one compare and one
-            # select per score. (cols < seqlen_k and cols <= rows + off + window_right, two compares and an and per
-            # score, ran twice the instructions: ptxas hoisted the compares above the S wait and packed the
-            # predicates into registers, session 31.)
-            rel = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
-            rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-            if HAS_RIGHT:
-                last = gl.minimum(rows + off + window_right, seqlen_k - 1) - j * BLOCK_N
-                visible = gl.expand_dims(rel, 0) <= gl.expand_dims(last, 1)
-            else:
-                visible = gl.expand_dims(rel < seqlen_k - j * BLOCK_N, 0)
-            if HAS_LEFT:          # key j * BLOCK_N + c is hidden from row r iff c < r + off - window_left - j * BLOCK_N
-                first = rows + off - window_left - j * BLOCK_N
-                visible = visible & (gl.expand_dims(rel, 0) >= gl.expand_dims(first, 1))
-            s = gl.where(visible, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)   # rows with no visible key yet
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
-        alpha = gl.exp2(m_i - m_safe)
-        l_new = l_i * alpha + gl.sum(p, axis=1)
-        return p, alpha, m_new, l_new
-
-    @gluon.jit
-    def _ws_tiles(n_units, PAIRED: gl.constexpr):
-        """How many tiles this program walks: units u = program_id, + num_programs, ... of n_units, one tile each or,
-        PAIRED, two (see _ws_tile)."""
-        n_mine = gl.cdiv(n_units - gl.program_id(0), gl.num_programs(0))
-        return 2 * n_mine if PAIRED else n_mine
-
-    @gluon.jit
-    def _ws_row_block(k, n_m_blocks, HAS_RIGHT: gl.constexpr, PAIRED: gl.constexpr):
-        """This program's k-th tile -> (batch*head, row block). The row blocks of one head side by side (K / V reuse
-        in L2), causal heaviest (last) first. PAIRED (persistent causal, an even number n of row blocks): a unit is
-        row blocks n - 1 - i and i of one head, one after the other, so that every unit holds about n + 1 key blocks
-        and the static round-robin over units stays balanced (one tile per unit gave one program twice another's
-        work; causal with all heads' heaviest blocks first measured slower: the K / V in flight no longer fit L2)."""
-        if PAIRED:
-            t = 2 * (gl.program_id(0) + (k // 2) * gl.num_programs(0)) + k % 2
-            i = (t % n_m_blocks) // 2
-            i_m = n_m_blocks - 1 - i + (t % 2) * (2 * i + 1 - n_m_blocks)        # odd t: block i
-        else:
-            t = gl.program_id(0) + k * gl.num_programs(0)
-            i_m = t % n_m_blocks
-            if HAS_RIGHT:
-                i_m = n_m_blocks - 1 - i_m
-        return t // n_m_blocks, i_m
-
-    @gluon.jit
-    def _ws_key_blocks(m0, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT: gl.constexpr,
-                       HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
-                       BLOCK_N: gl.constexpr):
-        """(first key block, number of key blocks) of the row block starting at row m0 (the first key block is 0 but
-        under a left window, HAS_LEFT)."""
-        off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
-        hi = seqlen_k
-        if HAS_RIGHT:
-            last_row = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
-            hi = gl.maximum(gl.minimum(last_row + off + window_right + 1, seqlen_k), 0)
-        j0 = 0
-        if HAS_LEFT:
-            j0 = gl.maximum(m0 + off - window_left, 0) // BLOCK_N
-        # A block whose rows see no key still runs one block, fully masked: O = 0, lse = +inf.
-        return j0, gl.maximum(gl.cdiv(hi, BLOCK_N) - j0, 1)
 
     @gluon.jit
     def _tail_load(descs, smem, i: gl.constexpr, b, row, h, bar, slot, HEAD_DIM: gl.constexpr,
@@ -443,9 +373,9 @@ if gluon is not None:
 
     @gluon.jit
     def _flash_fwd_hopper_kernel(
-        q_desc, k_desc, v_desc, o_desc, qt_desc, kt_desc, vt_desc, p_lse, stride_lse_b, stride_lse_h, p_out, stride_o_b, stride_o_s, stride_o_h,
-        head_dim, p_cu_seqlens_q, p_cu_seqlens_k, nheads_q, group, seqlen_q, seqlen_k, qk_scale, window_left,
-        window_right, n_units,
+        q_desc, k_desc, v_desc, o_desc, qt_desc, kt_desc, vt_desc, p_lse, stride_lse_b, stride_lse_h, p_out, stride_o_b,
+        stride_o_s, stride_o_h, head_dim, p_cu_seqlens_q, p_cu_seqlens_k, nheads_q, group, seqlen_q, seqlen_k, qk_scale,
+        window_left, window_right, n_units,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
         PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
@@ -508,61 +438,38 @@ if gluon is not None:
         cu_seqlens = (p_cu_seqlens_q, p_cu_seqlens_k)
         if CONSUMERS == 2:
             gl.warp_specialize([
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 0,
-                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 1,
-                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
+                                window_left, window_right, qk_scale, 0, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN,
+                                PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT,
+                                O_FROM_REGS, TAIL_DIM)),
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
+                                window_left, window_right, qk_scale, 1, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN,
+                                PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT,
+                                O_FROM_REGS, TAIL_DIM)),
                 (_ws_producer, (descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT, HAS_RIGHT,
-                                BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
-                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, TAIL_DIM)),
+                                BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                                Q_STAGES, TAIL_DIM)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 0,
-                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 1,
-                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
-                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left, window_right, qk_scale, 2,
-                                HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
+                                window_left, window_right, qk_scale, 0, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN,
+                                PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT,
+                                O_FROM_REGS, TAIL_DIM)),
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
+                                window_left, window_right, qk_scale, 1, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN,
+                                PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT,
+                                O_FROM_REGS, TAIL_DIM)),
+                (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
+                                window_left, window_right, qk_scale, 2, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN,
+                                PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT,
+                                O_FROM_REGS, TAIL_DIM)),
                 (_ws_producer, (descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT, HAS_RIGHT,
-                                BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
-                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, TAIL_DIM)),
+                                BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                                Q_STAGES, TAIL_DIM)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
     _launch_forward = LaunchCache(_flash_fwd_hopper_kernel)
-
-def _smem_layout(block_shape, dtype):
-    return _smem_layout_cached(tuple(block_shape), dtype)
-
-
-@functools.lru_cache(maxsize=None)
-def _smem_layout_cached(block_shape, dtype):
-    # ~11 us uncached, ten lookups per launch: measured as host time at short sequences (session 15)
-    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
-    return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
-
-
-def sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype, box_dim):
-    """(shape, strides, box, layout) of the 4-D host-side descriptor over a [batch, seqlen, heads, head_dim] tensor
-    with [1, box, 1, box_dim] boxes (box_dim >= head_dim: kernel_head_dim) that both Gluon kernels use (rows past
-    seqlen and columns past head_dim zero-filled on loads, dropped on stores): host_descriptor's arguments after the
-    tensor."""
-    return ([batch, seqlen, heads, head_dim], list(strides), [1, box, 1, box_dim],
-            _smem_layout([1, box, 1, box_dim], dtype))
-
-
-def packed_geometry(t, varlen):
-    """(batch, seqlen, heads, strides) of the 4-D descriptors over t: as given, or, varlen (t packed (total, heads,
-    head_dim)), one batch entry of all rows (the unit dimension's stride any nonzero multiple of 16 bytes)."""
-    if not varlen:
-        return (*t.shape[:3], t.stride())
-    return 1, t.shape[0], t.shape[1], (t.stride(0) * t.shape[0], *t.stride())
-
 
 def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
                    nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config, window_left=-1,

@@ -9,8 +9,8 @@ from typing import Optional
 
 from .._triton import cdiv
 
-_WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_STAGES=2, num_warps=4, CONSUMER_REGS=240,
-                         SPLIT_PV_WAIT=False, O_FROM_REGS=False, TAIL_DIM=0)
+_WARP_SPECIALIZED = dict(CONSUMERS=2, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, Q_STAGES=2, num_warps=4,
+                         CONSUMER_REGS=240, SPLIT_PV_WAIT=False, O_FROM_REGS=False, TAIL_DIM=0)
 
 # (head dim, right window / causal) -> ((shortest key loop, config), ...): where this kernel measured faster than
 # flash_fwd's (bf16, 16384 tokens, model dim 2048, CUDA-graph timed; the numbers are in benchmarks/NOTES.md under each
@@ -108,11 +108,11 @@ def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: 
 
 def kernel_head_dim(head_dim: int) -> Optional[int]:
     """The head dim that this file's kernel and flash_bwd_hopper's compute with for inputs of head_dim: 64 for 33..64,
-    128 for 65..128, 256 for 129..256, else None (the tables have those three). The descriptors keep the tensors' own
-    head dim with boxes of the kernel's, so TMA zero-fills the padding columns on loads and drops them on stores: no
-    copies, and zero columns add nothing to Q K^T, P V or any gradient. SD's head dims 40, 80 and 160 and DiT's 72 run
-    so (Triton's kernels there, H100, S = 2048: forward 0.67-0.90x cuDNN, backward 0.39-0.82x at 40..96 and 0.46x at
-    160; sessions 36 and 38)."""
+    128 for 65..128, 256 for 129..256, else None (the forward computes 129..192 narrower: forward_head_dim). The
+    descriptors keep the tensors' own head dim with boxes of the kernel's, so TMA zero-fills the padding columns on
+    loads and drops them on stores: no copies, and zero columns add nothing to Q K^T, P V or any gradient. SD's head
+    dims 40, 80 and 160 and DiT's 72 run so (Triton's kernels there, H100, S = 2048: forward 0.67-0.90x cuDNN, backward
+    0.39-0.82x at 40..96 and 0.46x at 160; sessions 36 and 38)."""
     if 32 < head_dim <= 64:
         return 64
     if 64 < head_dim <= 128:
