@@ -205,6 +205,18 @@ if gluon is not None:
         return s_tok
 
     @gluon.jit
+    def _store_o_regs(out, o_out, i_b, i_h, q_start, row0, seqlen_q, COL0: gl.constexpr, layout: gl.constexpr):
+        """O_FROM_REGS: a consumer's [ROWS, W] fp32 output (layout: its accumulator's) into out's columns COL0.. of rows
+        row0.. (o_out: pointer, strides, head_dim), rows past seqlen_q and columns past head_dim masked."""
+        p_out, stride_o_b, stride_o_s, stride_o_h, head_dim = o_out
+        cols = COL0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, layout))
+        row_ids = row0 + gl.arange(0, out.shape[0], layout=gl.SliceLayout(1, layout))
+        offs = (i_b.to(gl.int64) * stride_o_b + i_h.to(gl.int64) * stride_o_h
+                + gl.expand_dims((q_start + row_ids).to(gl.int64) * stride_o_s, 1) + gl.expand_dims(cols, 0))
+        gl.store(p_out + offs, out.to(p_out.dtype.element_ty),
+                 mask=gl.expand_dims(row_ids < seqlen_q, 1) & gl.expand_dims(cols < head_dim, 0))
+
+    @gluon.jit
     def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left,
                      window_right, qk_scale, WG: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, PAIRED: gl.constexpr,
@@ -333,23 +345,10 @@ if gluon is not None:
                          lse, mask=rows < seqlen_q)
                 out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
                 if O_FROM_REGS:
-                    p_out, stride_o_b, stride_o_s, stride_o_h, head_dim = o_out
-                    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-                    o_row_ids = row0 + gl.arange(0, ROWS, layout=o_rows)
-                    offs = (i_b.to(gl.int64) * stride_o_b + i_h.to(gl.int64) * stride_o_h
-                            + gl.expand_dims((q_start + o_row_ids).to(gl.int64) * stride_o_s, 1)
-                            + gl.expand_dims(o_cols, 0))
-                    gl.store(p_out + offs, out.to(dtype),
-                             mask=gl.expand_dims(o_row_ids < seqlen_q, 1) & gl.expand_dims(o_cols < head_dim, 0))
+                    _store_o_regs(out, o_out, i_b, i_h, q_start, row0, seqlen_q, 0, o_layout)
                     if TAIL_DIM > 0:      # columns HEAD_DIM.. from the tail's accumulator
                         out_t = acc_t * gl.expand_dims(gl.convert_layout(1.0 / l_safe, ot_rows), 1)
-                        t_cols = HEAD_DIM + gl.arange(0, TAIL_DIM, layout=gl.SliceLayout(0, ot_layout))
-                        t_row_ids = row0 + gl.arange(0, ROWS, layout=ot_rows)
-                        offs = (i_b.to(gl.int64) * stride_o_b + i_h.to(gl.int64) * stride_o_h
-                                + gl.expand_dims((q_start + t_row_ids).to(gl.int64) * stride_o_s, 1)
-                                + gl.expand_dims(t_cols, 0))
-                        gl.store(p_out + offs, out_t.to(dtype),
-                                 mask=gl.expand_dims(t_row_ids < seqlen_q, 1) & gl.expand_dims(t_cols < head_dim, 0))
+                        _store_o_regs(out_t, o_out, i_b, i_h, q_start, row0, seqlen_q, HEAD_DIM, ot_layout)
                 else:
                     o_buf = o_smem.index(WG)
                     tma.store_wait(pendings=0)       # the previous tile's O has left o_buf
