@@ -21,8 +21,9 @@ flash_bwd_preprocess.hopper_backward_inputs; rows with no visible key: lse2 = +i
 from __future__ import annotations
 
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device
+from ._hopper_common import _smem_layout, packed_geometry, sequence_geometry
 from .flash_bwd_preprocess import vector_rows
-from .flash_fwd_hopper import _smem_layout, gluon, kernel_head_dim, packed_geometry, sequence_geometry
+from .flash_fwd_hopper import gluon, kernel_head_dim
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl

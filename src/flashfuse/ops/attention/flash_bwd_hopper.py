@@ -61,9 +61,10 @@ import torch
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device
 from . import flash_bwd_dq_hopper, flash_fwd_hopper
 from ._flash_common import empty_packed
+from ._hopper_common import _smem_layout, packed_geometry, sequence_geometry
 from .flash_bwd_dq_hopper import vector_geometry
 from .flash_bwd_preprocess import hopper_backward_inputs
-from .flash_fwd_hopper import _smem_layout, gluon, kernel_head_dim, packed_geometry, sequence_geometry
+from .flash_fwd_hopper import gluon, kernel_head_dim
 
 LOG2E = flash_fwd_hopper.LOG2E
 # Where this kernel can run and which tensors its host-side descriptors take: as the forward's.

@@ -64,7 +64,7 @@ import triton
 
 from ..._env import INTERPRET
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device, sm_count
-from ._hopper_common import _smem_layout, packed_geometry, sequence_geometry  # noqa: F401 (flash_bwd_*'s imports)
+from ._hopper_common import _smem_layout, sequence_geometry
 from .flash_fwd_hopper_configs import (HOPPER_CONFIGS, HOPPER_ODD_CAUSAL_CONFIGS, MIN_WAVE,  # noqa: F401
                                        _WARP_SPECIALIZED, _WIDE, forward_head_dim, hopper_forward_config,
                                        kernel_head_dim, varlen_config)
@@ -547,5 +547,5 @@ class _ForwardPlan:
 
     def __call__(self, q, k, v, out, lse, qk_scale, cu_seqlens_q=None, cu_seqlens_k=None):
         cu_q, cu_k = (lse, lse) if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k)
-        self.launch(q, k, v, out, q, k, v, lse, *self.lse_strides, out, *self.o_args, cu_q, cu_k, *self.sizes, qk_scale,
-                    *self.window)
+        self.launch(q, k, v, out, q, k, v, lse, *self.lse_strides, out, *self.o_args, cu_q, cu_k, *self.sizes,
+                    qk_scale, *self.window)
