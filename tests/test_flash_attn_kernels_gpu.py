@@ -285,7 +285,9 @@ HOPPER_BWD_SHAPES = [
     (F16, (77, 1), GQA, {"causal": True}),                        # one key
     (BF16, (700, 900), GQA, {"causal": True, "window_size": (150, 0)}),   # a sliding window
 ]
-HOPPER_BWD_CASES = [(d, *shape) for d in (64, 128, 40, 72, 80, 96, 160, 256) for shape in HOPPER_BWD_SHAPES]
+# 144 / 160 and 176 / 192: 128 columns plus a 32- / 64-column tail (TAIL_DIM), 144 and 176 with zero-filled columns
+HOPPER_BWD_CASES = [(d, *shape) for d in (64, 128, 40, 72, 80, 96, 144, 160, 176, 192, 256)
+                    for shape in HOPPER_BWD_SHAPES]
 
 
 @pytest.mark.parametrize("headdim, dtype, seqlens, heads, opts", HOPPER_BWD_CASES,
@@ -294,11 +296,12 @@ HOPPER_BWD_CASES = [(d, *shape) for d in (64, 128, 40, 72, 80, 96, 160, 256) for
 def test_hopper_backward_gpu(monkeypatch, headdim, dtype, seqlens, heads, opts):
     """The Gluon backward alone (flash_bwd's grid removed) against the fp32 reference by flash-attn's
     criterion: every gradient, ragged ends, causal both ways, a right window, rows with no visible key
-    (their dq exactly 0), GQA / MQA (dk, dv summed over the group)."""
+    (their dq exactly 0), GQA / MQA (dk, dv summed over the group); head dims 129..192 in the tail configs."""
     _require_gluon()
     monkeypatch.setattr(flash_bwd, "_flash_bwd_kernel", None)
     q, k, v = rand_qkv(2, *seqlens, *heads, headdim, dtype=dtype, device="cuda")
-    assert flash_bwd._hopper_plan(q, q, k, v, deterministic=False, extras=False) is not None
+    plan = flash_bwd._hopper_plan(q, q, k, v, deterministic=False, extras=False)
+    assert plan["TAIL_DIM"] == (32 if 128 < headdim <= 160 else 64 if 160 < headdim <= 192 else 0)
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
     grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse,
                                              ref_dtype=REF)
@@ -334,7 +337,7 @@ def test_hopper_backward_matches_deterministic_gpu(monkeypatch, headdim, causal)
         assert err < 1e-2, f"{name}: Gluon backward rel err {err:.2e} vs deterministic"
 
 
-@pytest.mark.parametrize("headdim", [64, 128, 80, 192])
+@pytest.mark.parametrize("headdim", [64, 128, 80, 160, 192, 256])
 def test_hopper_backward_fp32_grads_gpu(headdim):
     """fp32_grads=True on the Gluon backward (ring attention's partial gradients): float32 dk, dv that round to
     exactly the default call's (their sums run in a fixed order inside a program), dq within atomics' reordering

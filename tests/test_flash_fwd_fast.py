@@ -196,9 +196,9 @@ def test_hopper_forward_plan():
 
 def test_hopper_backward_plan(monkeypatch):
     """flash_bwd_hopper's Gluon backward: without the score extras, 16-bit (varlen's packed tensors too), at head
-    dims 33..256 (computed at 64 / 128 / 256), where the device can run it (never in the interpreter);
-    deterministic=True only at 256, whose dQ pass adds nothing across programs (elsewhere dQ is added by TMA
-    reduce-adds). The kernels run in the GPU tier (test_flash_attn_kernels_gpu.py, test_flash_attn_varlen_gpu.py)."""
+    dims 33..256 (computed at 64 / 128, 128 + 32 / 64, 256; varlen's 129..192 at 256), where the device can run it
+    (never in the interpreter); deterministic=True only above 128, whose dQ pass adds nothing across programs
+    (elsewhere dQ is added by TMA reduce-adds). The kernels run in the GPU tier (test_flash_attn_kernels_gpu.py, test_flash_attn_varlen_gpu.py)."""
     from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper as hopper
 
     q = torch.empty(2, 256, 4, 128, dtype=torch.bfloat16)
@@ -211,14 +211,20 @@ def test_hopper_backward_plan(monkeypatch):
     assert flash_bwd._hopper_plan(packed, packed, packed, packed, deterministic=False, extras=False) == \
         hopper.HOPPER_BWD_CONFIGS[128]
     assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, extras=True) is None
-    for head_dim, config in ((40, hopper.HOPPER_BWD_CONFIGS[64]), (96, hopper.HOPPER_BWD_CONFIGS[128]),
-                             (160, hopper.HOPPER_BWD_CONFIGS[256]), (256, hopper.HOPPER_BWD_CONFIGS[256]),
-                             (24, None)):       # 33..256 padded to the kernel's 64 / 128 / 256 (kernel_head_dim)
+    configs = hopper.HOPPER_BWD_CONFIGS
+    for head_dim, config, packed_config in (
+            (40, configs[64], configs[64]), (96, configs[128], configs[128]), (136, configs[160], configs[256]),
+            (160, configs[160], configs[256]), (168, configs[192], configs[256]), (192, configs[192], configs[256]),
+            (200, configs[256], configs[256]), (256, configs[256], configs[256]), (24, None, None)):
         qd = torch.empty(2, 256, 4, head_dim, dtype=torch.bfloat16)
         assert flash_bwd._hopper_plan(qd, qd, qd, qd, deterministic=False, extras=False) == config
         deterministic = flash_bwd._hopper_plan(qd, qd, qd, qd, deterministic=True, extras=False)
         assert deterministic == (config if head_dim > 128 else None)
-    assert hopper.HOPPER_BWD_CONFIGS[256]["DQ_PASS"] and not hopper.HOPPER_BWD_CONFIGS[128]["DQ_PASS"]
+        packed = qd[0]                  # varlen: 129..192 padded to 256 (the producers' zeroing takes one box)
+        assert flash_bwd._hopper_plan(packed, packed, packed, packed, deterministic=False, extras=False) == \
+            packed_config
+    assert all(configs[d]["DQ_PASS"] for d in (160, 192, 256)) and not configs[128]["DQ_PASS"]
+    assert (configs[160]["TAIL_DIM"], configs[192]["TAIL_DIM"], configs[256]["TAIL_DIM"]) == (32, 64, 0)
     q32 = q.float()
     assert flash_bwd._hopper_plan(q32, q32, q32, q32, deterministic=False, extras=False) is None
     assert flash_bwd._hopper_plan(q.float(), q, q, q, deterministic=False, extras=False) is None

@@ -19,10 +19,10 @@ Both recompute S = Q K^T and dP~ = dO V^T (7 matrix products where an atomic dQ 
 is the price of determinism and of no fp32 dQ buffer.
 
 On Hopper, ``deterministic=False`` (flash-attn's default) takes flash_bwd_hopper's Gluon kernel instead where
-it applies (``_hopper_plan``: 16-bit, head dims 33..256 (computed at 64 / 128 / 256), no dropout / ALiBi /
-softcap / bias; windows on either side and varlen are in): FlashAttention-3's layout, 5 products, dQ by TMA
-reduce-adds into an fp32 buffer; at 256 dK / dV there and dQ in a pass of its own (flash_bwd_dq_hopper: 7 products,
-nothing added across programs, so deterministic=True takes it too).
+it applies (``_hopper_plan``: 16-bit, head dims 33..256 (computed at 64 / 128, 128 + 32 / 64, 256), no dropout /
+ALiBi / softcap / bias; windows on either side and varlen are in): FlashAttention-3's layout, 5 products, dQ by TMA
+reduce-adds into an fp32 buffer; above 128 dK / dV there and dQ in a pass of its own (flash_bwd_dq_hopper: 7
+products, nothing added across programs, so deterministic=True takes it too).
 
 The atomic path (``deterministic=False`` with ``ATOMIC_DQ`` on, FA2/FA3's layout) launches the same kernel
 with only dK/dV programs: each also forms dQ_part = dS K for its [BLOCK_M queries, BLOCK_N keys] tile and
@@ -491,8 +491,9 @@ GLUON_BACKWARD = True
 
 def _hopper_plan(dout, q, k, v, *, deterministic, extras):
     """flash_bwd_hopper's config for this call, or None: deterministic=True where it adds dQ with TMA reduce-adds
-    (every head dim but those padded to 256, whose dQ pass sums in a fixed order), the score extras (not in that
-    kernel), 32-bit inputs, strides TMA cannot take, other GPUs."""
+    (every head dim up to 128; above, the dQ pass sums in a fixed order), the score extras (not in that kernel),
+    32-bit inputs, strides TMA cannot take, other GPUs. Varlen's packed (total, heads, head_dim) tensors compute head
+    dims 129..256 at 256 (hopper_backward_config)."""
     if not GLUON_BACKWARD or extras or q.dtype not in (torch.float16, torch.bfloat16):
         return None
     if not q.dtype == k.dtype == v.dtype == dout.dtype:     # one dtype per descriptor set
@@ -500,7 +501,7 @@ def _hopper_plan(dout, q, k, v, *, deterministic, extras):
     if not (flash_bwd_hopper.available(q.device) and tma_compatible(q, k, v, dout)
             and flash_bwd_hopper.descriptor_compatible(q, k, v, dout)):
         return None
-    config = flash_bwd_hopper.hopper_backward_config(q.shape[-1])
+    config = flash_bwd_hopper.hopper_backward_config(q.shape[-1], varlen=q.dim() == 3)
     return None if config is None or (deterministic and not config["DQ_PASS"]) else config
 
 

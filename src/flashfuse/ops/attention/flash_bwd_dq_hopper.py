@@ -123,12 +123,15 @@ if gluon is not None:
     @gluon.jit
     def _dq_producer(descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, zfill):
+                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
+                     zfill):
         """One warp: Q + lse2 and dO + delta once, then K_j and V_j into slot j % NUM_STAGES once it is free.
         Varlen: K / V boxes reaching past cu_seqlens_k[-1] get those rows zeroed as flash_bwd_hopper's producer
-        does (Q / dO rows past the sequence reach only their own dQ rows, which are not stored)."""
-        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc = descs
-        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem = smem
+        does (Q / dO rows past the sequence reach only their own dQ rows, which are not stored). TAIL_DIM: each
+        tile's columns past HEAD_DIM in a second box on the same barrier (q, k, v, dO: descs[6:10] into
+        smem[7:11])."""
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc = descs[:6]
+        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem = smem[:7]
         q_ready, do_ready, k_ready, v_ready, empty = bars
         nheads_q, group, seqlen_q, seqlen_k = shape
         k_end = _packed_end(cu_seqlens[1], gl.num_programs(0) // (gl.cdiv(seqlen_q, BLOCK_M) * nheads_q), IS_VARLEN)
@@ -139,14 +142,18 @@ if gluon is not None:
         i_hk = i_h // group
         row = q_start + m0
         if live:
-            mbarrier.expect(q_ready, BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
+            mbarrier.expect(q_ready, BLOCK_M * (HEAD_DIM + TAIL_DIM) * 2 + BLOCK_M * 4)
             tma.async_copy_global_to_shared(q_desc, [b, row, i_h, 0], q_ready, _tma_box(q_smem, q_desc))
             tma.async_copy_global_to_shared(lse_desc, [b * nheads_q + i_h, vec0 + m0], q_ready,
                                             _tma_box(lse_smem, lse_desc))
-            mbarrier.expect(do_ready, BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4)
+            mbarrier.expect(do_ready, BLOCK_M * (HEAD_DIM + TAIL_DIM) * 2 + BLOCK_M * 4)
             tma.async_copy_global_to_shared(do_desc, [b, row, i_h, 0], do_ready, _tma_box(do_smem, do_desc))
             tma.async_copy_global_to_shared(delta_desc, [b * nheads_q + i_h, vec0 + m0], do_ready,
                                             _tma_box(delta_smem, delta_desc))
+            if TAIL_DIM > 0:
+                tma.async_copy_global_to_shared(descs[6], [b, row, i_h, HEAD_DIM], q_ready, _tma_box(smem[7], descs[6]))
+                tma.async_copy_global_to_shared(descs[9], [b, row, i_h, HEAD_DIM], do_ready,
+                                                _tma_box(smem[10], descs[9]))
         for j in range(n_blocks):
             slot = j % NUM_STAGES
             mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)      # the first pass finds slots free
@@ -157,34 +164,47 @@ if gluon is not None:
                 zphase = _load_zeroed(v_desc, [b, k_row, i_hk, 0], v_smem.index(slot), v_ready.index(slot),
                                       BLOCK_N * HEAD_DIM * 2, zfill, zphase, k_end - k_row)
             else:
-                mbarrier.expect(k_ready.index(slot), BLOCK_N * HEAD_DIM * 2)
+                mbarrier.expect(k_ready.index(slot), BLOCK_N * (HEAD_DIM + TAIL_DIM) * 2)
                 tma.async_copy_global_to_shared(k_desc, [b, k_row, i_hk, 0], k_ready.index(slot),
                                                 _tma_box(k_smem.index(slot), k_desc))
-                mbarrier.expect(v_ready.index(slot), BLOCK_N * HEAD_DIM * 2)
+                if TAIL_DIM > 0:
+                    tma.async_copy_global_to_shared(descs[7], [b, k_row, i_hk, HEAD_DIM], k_ready.index(slot),
+                                                    _tma_box(smem[8].index(slot), descs[7]))
+                mbarrier.expect(v_ready.index(slot), BLOCK_N * (HEAD_DIM + TAIL_DIM) * 2)
                 tma.async_copy_global_to_shared(v_desc, [b, k_row, i_hk, 0], v_ready.index(slot),
                                                 _tma_box(v_smem.index(slot), v_desc))
+                if TAIL_DIM > 0:
+                    tma.async_copy_global_to_shared(descs[8], [b, k_row, i_hk, HEAD_DIM], v_ready.index(slot),
+                                                    _tma_box(smem[9].index(slot), descs[8]))
 
     @gluon.jit
     def _dq_consumer(smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, HAS_LEFT: gl.constexpr,
                      HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+                     TAIL_DIM: gl.constexpr):
         """Eight warps: the schedule in the module docstring, two CTA barriers a key block (dS stored; the block's
-        products done, before its slot and ds_smem are reused)."""
-        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem = smem
+        products done, before its slot and ds_smem are reused). TAIL_DIM > 0: Q's, K's, V's and dO's columns past
+        HEAD_DIM in tiles of their own (smem[7:11]), S and dP each the sum of two wgmma groups, dQ two accumulators,
+        HEAD_DIM and TAIL_DIM wide."""
+        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem = smem[:7]
         q_ready, do_ready, k_ready, v_ready, empty = bars
         nheads_q, group, seqlen_q, seqlen_k = shape
-        p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim = dq_out
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                            instr_shape=[16, BLOCK_N // 2, 16])
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                             instr_shape=[16, HEAD_DIM // 2, 16])
+        dqt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                             instr_shape=[16, max(TAIL_DIM // 2, 8), 16])
+        TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
         b, q_start, k_start, seqlen_q, seqlen_k, i_h, m0, off, j0, n_blocks, live, _ = _query_block(
             cu_seqlens, seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
             BLOCK_N)
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+        if TAIL_DIM > 0:
+            dqt = gl.zeros([BLOCK_M, TAIL_DIM], gl.float32, layout=dqt_layout)
         if live:
             mbarrier.wait(q_ready, 0)
             mbarrier.wait(do_ready, 0)
@@ -196,9 +216,13 @@ if gluon is not None:
             n0 = (j0 + j) * BLOCK_N
             mbarrier.wait(k_ready.index(slot), phase)
             s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if TAIL_DIM > 0:
+                s_tok = warpgroup_mma(smem[7], smem[8].index(slot).permute((1, 0)), s_tok, is_async=True)
             mbarrier.wait(v_ready.index(slot), phase)
             dp_tok = warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
+            if TAIL_DIM > 0:
+                dp_tok = warpgroup_mma(smem[10], smem[9].index(slot).permute((1, 0)), dp_tok, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(s_tok, ))
             p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
             # (varlen: rows past the sequence's end need no mask here: their dQ rows are not stored)
             p = _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, False, BLOCK_M, BLOCK_N,
@@ -209,11 +233,25 @@ if gluon is not None:
             fence_async_shared()
             gl.thread_barrier()             # dS from both warpgroups is in ds_smem
             dq_tok = warpgroup_mma(ds_smem, k_smem.index(slot), dq, is_async=True)
-            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ))
+            if TAIL_DIM > 0:
+                dqt_tok = warpgroup_mma(ds_smem, smem[8].index(slot), dqt, is_async=True)
+                dq, dqt = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, dqt_tok))
+            else:
+                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ))
             gl.thread_barrier()             # every warp's products of this block are done: its slot and ds_smem
             mbarrier.arrive(empty.index(slot), count=1)
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
-        rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+        _store_dq(dq, dq_out, b, q_start, i_h, m0, seqlen_q, 0, dq_layout, IS_VARLEN)
+        if TAIL_DIM > 0:
+            _store_dq(dqt, dq_out, b, q_start, i_h, m0, seqlen_q, HEAD_DIM, dqt_layout, IS_VARLEN)
+
+    @gluon.jit
+    def _store_dq(dq, dq_out, b, q_start, i_h, m0, seqlen_q, COL0: gl.constexpr, layout: gl.constexpr,
+                  IS_VARLEN: gl.constexpr):
+        """dQ [BLOCK_M, W] (layout) into columns COL0.. of rows m0.. of the sequence from row q_start (dq_out:
+        pointer, strides, head_dim), rows past seqlen_q and columns past head_dim masked."""
+        p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim = dq_out
+        cols = COL0 + gl.arange(0, dq.shape[1], layout=gl.SliceLayout(0, layout))
+        rows = m0 + gl.arange(0, dq.shape[0], layout=gl.SliceLayout(1, layout))
         offs = (i_h.to(gl.int64) * stride_dq_h + gl.expand_dims((q_start + rows).to(gl.int64) * stride_dq_s, 1)
                 + gl.expand_dims(cols, 0))
         if not IS_VARLEN:           # (varlen: one batch entry)
@@ -223,23 +261,26 @@ if gluon is not None:
 
     @gluon.jit
     def _flash_bwd_dq_hopper_kernel(
-        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc,
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, qt_desc, kt_desc, vt_desc, dot_desc,
         p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim, p_cu_seqlens_q, p_cu_seqlens_k,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_left, window_right,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
         BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr,
-        KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, num_warps: gl.constexpr,
+        KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, TAIL_DIM: gl.constexpr, QT_SMEM: gl.constexpr,
+        KVT_SMEM: gl.constexpr, num_warps: gl.constexpr,
     ):
         # Host-side TMA descriptors as flash_bwd_hopper's: q, do [batch, seqlen_q, nheads_q, head_dim] (boxes
         # [1, BLOCK_M, 1, HEAD_DIM]), k, v [batch, seqlen_k, nheads_k, head_dim] (boxes [1, BLOCK_N, 1, HEAD_DIM]),
         # lse2, delta [batch * nheads_q, seqlen_q rounded up to BLOCK_M] fp32 (boxes [1, BLOCK_M]). dq (p_dq with its
         # strides; q's dtype or fp32) is written, not added to. IS_VARLEN: as flash_bwd_hopper's kernel (packed
-        # tensors as batch 1, sequences bounded by p_cu_seqlens_q / _k, seqlen_q / _k the longest).
-        # Grid (cdiv(seqlen_q, BLOCK_M) * batch * nheads_q,).
+        # tensors as batch 1, sequences bounded by p_cu_seqlens_q / _k, seqlen_q / _k the longest). TAIL_DIM > 0 (head
+        # dims 129..192 as 128 + 32 / 64 columns): qt / kt / vt / dot_desc over q / k / v / dout with boxes TAIL_DIM
+        # wide, loaded at column HEAD_DIM (= 128); else unused. Grid (cdiv(seqlen_q, BLOCK_M) * batch * nheads_q,).
         # num_warps = 8 is the consumer (the default partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
         gl.static_assert(BLOCK_M == 64)
+        gl.static_assert(TAIL_DIM == 0 or not IS_VARLEN)
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
         do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
@@ -269,6 +310,12 @@ if gluon is not None:
 
         descs = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc)
         smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem)
+        if TAIL_DIM > 0:        # the columns past HEAD_DIM of Q, K, V, dO: tiles like the main ones', TAIL_DIM wide
+            descs = descs + (qt_desc, kt_desc, vt_desc, dot_desc)
+            smem = smem + (gl.allocate_shared_memory(dtype, [BLOCK_M, TAIL_DIM], QT_SMEM),
+                           gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, TAIL_DIM], KVT_SMEM),
+                           gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, TAIL_DIM], KVT_SMEM),
+                           gl.allocate_shared_memory(dtype, [BLOCK_M, TAIL_DIM], QT_SMEM))
         bars = (q_ready, do_ready, k_ready, v_ready, empty)
         shape = (nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k)
         dq_out = (p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim)
@@ -276,9 +323,9 @@ if gluon is not None:
         cu_seqlens = (p_cu_seqlens_q, p_cu_seqlens_k)
         gl.warp_specialize([
             (_dq_consumer, (smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT,
-                            BOTTOM_RIGHT, IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                            BOTTOM_RIGHT, IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM)),
             (_dq_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                            IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, zfill)),
+                            IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill)),
         ], [1], [PRODUCER_REGS])
 
     _launch_dq = LaunchCache(_flash_bwd_dq_hopper_kernel)
@@ -296,19 +343,23 @@ def vector_geometry(q, block_m, varlen):
     entries = q.shape[-2] * (1 if varlen is not None else q.shape[0])
     return [entries, rows], [rows, 1], [1, block_m], _VEC_LAYOUT
 
-# 64 queries x 64 keys, K / V in two stages: Q + dO 64 KB, K / V 128 KB, dS 8 KB of shared memory at head dim 256.
+# 64 queries x 64 keys, K / V in two stages: Q + dO 64 KB, K / V 128 KB, dS 8 KB of shared memory at head dim 256
+# (at 192, 128 + 64 columns: 48 + 96 + 8 KB).
 DQ_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, num_warps=8)
 
 
 def hopper_backward_dq(dout, q, k, v, lse2, delta, dq, *, qk_scale, sm_scale, window_left, window_right,
-                       bottom_right, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
+                       bottom_right, tail=0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+                       max_seqlen_k=0):
     """Write dq (shaped like q, contiguous; q's dtype or fp32) from validated inputs, lse2 / delta as
     flash_bwd_preprocess.hopper_backward_inputs makes them with block_m = DQ_CONFIG's BLOCK_M, through the plan
-    kept for this call signature. Varlen as flash_bwd_hopper.hopper_backward."""
+    kept for this call signature. tail: 0 (head dims padded as kernel_head_dim says), or 32 / 64 (129..160 /
+    161..192 as 128 + tail columns, flash_bwd_hopper's TAIL_DIM). Varlen as flash_bwd_hopper.hopper_backward."""
     varlen = None if cu_seqlens_q is None else (cu_seqlens_q.numel(), max_seqlen_q, max_seqlen_k)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dq.dtype, window_left,
-           window_right, bottom_right, varlen, launch_device())
-    plan = _PLANS.get(key, lambda: _DqPlan(q, k, v, dout, dq, window_left, window_right, bottom_right, varlen))
+           window_right, bottom_right, tail, varlen, launch_device())
+    plan = _PLANS.get(key, lambda: _DqPlan(q, k, v, dout, dq, window_left, window_right, bottom_right, tail,
+                                           varlen))
     cu_q, cu_k = (lse2, lse2) if varlen is None else (cu_seqlens_q, cu_seqlens_k)
     plan(dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, cu_q, cu_k)
 
@@ -319,9 +370,10 @@ _PLANS = PlanCache()
 class _DqPlan:
     """Grid, descriptor geometry and constexprs of one call signature (as flash_bwd_hopper._BackwardPlan)."""
 
-    def __init__(self, q, k, v, dout, dq, window_left, window_right, bottom_right, varlen):
+    def __init__(self, q, k, v, dout, dq, window_left, window_right, bottom_right, tail, varlen):
         head_dim = q.shape[-1]
-        kernel_dim = kernel_head_dim(head_dim) or head_dim
+        kernel_dim = 128 if tail else kernel_head_dim(head_dim) or head_dim
+        width = tail or kernel_dim
         nheads_q, nheads_k = q.shape[-2], k.shape[-2]
         cfg = dict(DQ_CONFIG)
         block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
@@ -330,13 +382,15 @@ class _DqPlan:
         else:
             batch, seqlen_q, seqlen_k = varlen[0] - 1, varlen[1], varlen[2]
 
-        def geometry(t, box):
+        def geometry(t, box, width=kernel_dim):
             entries, rows, heads, strides = packed_geometry(t, varlen)
-            return sequence_geometry(entries, rows, heads, head_dim, strides, box, q.dtype, kernel_dim)
+            return sequence_geometry(entries, rows, heads, head_dim, strides, box, q.dtype, width)
 
         vec = vector_geometry(q, block_m, varlen)
+        # q, k, v, dout, lse2, delta, then q, k, v, dout with the tail's boxes (unused without one)
         self.descriptors = [geometry(q, block_m), geometry(k, block_n), geometry(v, block_n), geometry(dout, block_m),
-                            vec, vec]
+                            vec, vec, geometry(q, block_m, width), geometry(k, block_n, width),
+                            geometry(v, block_n, width), geometry(dout, block_m, width)]
         self.sizes = (*packed_geometry(dq, varlen)[3][:3], head_dim)
         self.shape = (nheads_q, nheads_k, seqlen_q, seqlen_k)
         self.windows = (window_left, window_right)
@@ -346,8 +400,9 @@ class _DqPlan:
             IS_VARLEN=varlen is not None, BLOCK_M=block_m,
             BLOCK_N=block_n, HEAD_DIM=kernel_dim, Q_SMEM=_smem_layout([block_m, kernel_dim], q.dtype),
             KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype), DS_SMEM=_smem_layout([block_m, block_n], q.dtype),
-            **cfg)
+            TAIL_DIM=tail, QT_SMEM=_smem_layout([block_m, width], q.dtype),
+            KVT_SMEM=_smem_layout([block_n, width], q.dtype), **cfg)
 
     def __call__(self, dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, cu_q, cu_k):
-        self.launch(q, k, v, dout, lse2, delta, dq, *self.sizes, cu_q, cu_k, *self.shape, qk_scale, sm_scale,
+        self.launch(q, k, v, dout, lse2, delta, q, k, v, dout, dq, *self.sizes, cu_q, cu_k, *self.shape, qk_scale, sm_scale,
                     *self.windows)

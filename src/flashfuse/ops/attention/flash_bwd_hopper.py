@@ -64,7 +64,7 @@ from ._flash_common import empty_packed
 from ._hopper_common import _smem_layout, packed_geometry, sequence_geometry
 from .flash_bwd_dq_hopper import vector_geometry
 from .flash_bwd_preprocess import hopper_backward_inputs
-from .flash_fwd_hopper import gluon, kernel_head_dim
+from .flash_fwd_hopper import forward_head_dim, gluon, kernel_head_dim
 
 LOG2E = flash_fwd_hopper.LOG2E
 # Where this kernel can run and which tensors its host-side descriptors take: as the forward's.
@@ -77,7 +77,7 @@ if gluon is not None:
                                                                   warpgroup_mma, warpgroup_mma_wait)
 
     from .flash_bwd_dq_hopper import _alloc_vector_rows, _mask_rows, _vec_start
-    from .flash_bwd_hopper_stores import _hand_off_dq, _store_dkdv
+    from .flash_bwd_hopper_stores import _hand_off_dq, _store_dkdv, _store_dkdv_rows
     from ._hopper_common import _packed_end, _seq_bounds, _tma_box, _zero_rows
 
     @gluon.jit
@@ -140,13 +140,14 @@ if gluon is not None:
     def _bwd_producer(descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                       BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                      zfill):
+                      TAIL_DIM: gl.constexpr, zfill):
         """One warp: K and V once, then per step (query head of the group, query block) Q + lse2 and dO + delta
         into slot i % NUM_STAGES once the consumer released it. Varlen: boxes reaching past cu_seqlens[-1] land on
         zfill, have those rows zeroed (_hopper_common._zero_rows: 0 * NaN in dS^T Q, P^T dO, dO V^T or dS K would
-        reach the sequences), then are released on their ready barriers."""
-        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs
-        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
+        reach the sequences), then are released on their ready barriers. TAIL_DIM: each tile's columns past
+        HEAD_DIM in a second box of their own on the same barrier (q, k, v, dO: descs[9:13] into smem[8:12])."""
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs[:9]
+        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem[:8]
         kv_ready, q_ready, do_ready, empty = bars
         nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
         n_seqs = gl.num_programs(0) // (gl.cdiv(seqlen_k, BLOCK_N) * nheads_k)        # (_program's grid)
@@ -158,15 +159,14 @@ if gluon is not None:
         zphase = 0
         if live:
             if IS_VARLEN and k_start + n0 + BLOCK_N > k_end:
-                _load_kv(k_desc, v_desc, k_smem, v_smem, zfill, [b, k_start + n0, i_hk, 0], BLOCK_N * HEAD_DIM * 2)
+                _load_kv(descs, smem, zfill, [b, k_start + n0, i_hk, 0], BLOCK_N, HEAD_DIM, TAIL_DIM)
                 mbarrier.wait(zfill, zphase)
                 zphase ^= 1
                 _zero_rows(k_smem, k_end - k_start - n0)
                 _zero_rows(v_smem, k_end - k_start - n0)
                 mbarrier.arrive(kv_ready, count=1)
             else:
-                _load_kv(k_desc, v_desc, k_smem, v_smem, kv_ready, [b, k_start + n0, i_hk, 0],
-                         BLOCK_N * HEAD_DIM * 2)
+                _load_kv(descs, smem, kv_ready, [b, k_start + n0, i_hk, 0], BLOCK_N, HEAD_DIM, TAIL_DIM)
             for i in range(group * n_steps):
                 i_h, m0 = _step(i, i_hk, group, m_first, n_steps, BLOCK_M)
                 row = q_start + m0
@@ -174,7 +174,7 @@ if gluon is not None:
                 mbarrier.wait(empty.index(slot), ((i // NUM_STAGES) & 1) ^ 1)    # the first pass finds slots free
                 coords = ([b, row, i_h, 0], [b * nheads_q + i_h, vec0 + m0])
                 if IS_VARLEN and row + BLOCK_M > q_end:
-                    _load_query_rows(descs, smem, slot, zfill, zfill, coords, BLOCK_M, HEAD_DIM, True)
+                    _load_query_rows(descs, smem, slot, zfill, zfill, coords, BLOCK_M, HEAD_DIM, TAIL_DIM, True)
                     mbarrier.wait(zfill, zphase)
                     zphase ^= 1
                     _zero_rows(q_smem.index(slot), q_end - row)
@@ -183,23 +183,29 @@ if gluon is not None:
                     mbarrier.arrive(do_ready.index(slot), count=1)
                 else:
                     _load_query_rows(descs, smem, slot, q_ready.index(slot), do_ready.index(slot), coords, BLOCK_M,
-                                     HEAD_DIM, False)
+                                     HEAD_DIM, TAIL_DIM, False)
 
     @gluon.jit
-    def _load_kv(k_desc, v_desc, k_smem, v_smem, bar, coord, tile_bytes):
-        mbarrier.expect(bar, 2 * tile_bytes)
-        tma.async_copy_global_to_shared(k_desc, coord, bar, _tma_box(k_smem, k_desc))
-        tma.async_copy_global_to_shared(v_desc, coord, bar, _tma_box(v_smem, v_desc))
+    def _load_kv(descs, smem, bar, coord, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, TAIL_DIM: gl.constexpr):
+        """K and V (and, TAIL_DIM, their columns from HEAD_DIM on: descs[10], [11] into smem[9], [10]) onto bar."""
+        mbarrier.expect(bar, 2 * BLOCK_N * (HEAD_DIM + TAIL_DIM) * 2)
+        tma.async_copy_global_to_shared(descs[1], coord, bar, _tma_box(smem[1], descs[1]))
+        tma.async_copy_global_to_shared(descs[2], coord, bar, _tma_box(smem[2], descs[2]))
+        if TAIL_DIM > 0:
+            b, row, h, _ = coord
+            tma.async_copy_global_to_shared(descs[10], [b, row, h, HEAD_DIM], bar, _tma_box(smem[9], descs[10]))
+            tma.async_copy_global_to_shared(descs[11], [b, row, h, HEAD_DIM], bar, _tma_box(smem[10], descs[11]))
 
     @gluon.jit
     def _load_query_rows(descs, smem, slot, q_bar, do_bar, coords, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
-                         ONE_BAR: gl.constexpr):
+                         TAIL_DIM: gl.constexpr, ONE_BAR: gl.constexpr):
         """Q + lse2 onto q_bar, dO + delta onto do_bar, or, ONE_BAR, all four onto q_bar (one expect: a second
-        arrival would complete the barrier's phase early or count toward the next)."""
-        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs
-        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
+        arrival would complete the barrier's phase early or count toward the next). TAIL_DIM: Q's and dO's columns
+        from HEAD_DIM on (descs[9], [12] into smem[8], [11]) with them."""
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs[:9]
+        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem[:8]
         tile_coord, vec_coord = coords
-        nbytes: gl.constexpr = BLOCK_M * HEAD_DIM * 2 + BLOCK_M * 4
+        nbytes: gl.constexpr = BLOCK_M * (HEAD_DIM + TAIL_DIM) * 2 + BLOCK_M * 4
         mbarrier.expect(q_bar, 2 * nbytes if ONE_BAR else nbytes)
         tma.async_copy_global_to_shared(q_desc, tile_coord, q_bar, _tma_box(q_smem.index(slot), q_desc))
         tma.async_copy_global_to_shared(lse_desc, vec_coord, q_bar, _tma_box(lse_smem.index(slot), lse_desc))
@@ -207,6 +213,12 @@ if gluon is not None:
             mbarrier.expect(do_bar, nbytes)
         tma.async_copy_global_to_shared(do_desc, tile_coord, do_bar, _tma_box(do_smem.index(slot), do_desc))
         tma.async_copy_global_to_shared(delta_desc, vec_coord, do_bar, _tma_box(delta_smem.index(slot), delta_desc))
+        if TAIL_DIM > 0:
+            b, row, h, _ = tile_coord
+            tma.async_copy_global_to_shared(descs[9], [b, row, h, HEAD_DIM], q_bar,
+                                            _tma_box(smem[8].index(slot), descs[9]))
+            tma.async_copy_global_to_shared(descs[12], [b, row, h, HEAD_DIM], do_bar,
+                                            _tma_box(smem[11].index(slot), descs[12]))
 
     @gluon.jit
     def _bwd_consumer(descs, smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale,
@@ -298,7 +310,7 @@ if gluon is not None:
                            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                            IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                           NUM_STAGES: gl.constexpr, DQ_PASS: gl.constexpr):
+                           NUM_STAGES: gl.constexpr, DQ_PASS: gl.constexpr, TAIL_DIM: gl.constexpr):
         """Eight warps, scores in the row layout (FlashAttention-3's head-dim-64 scheme): with 128-row query steps
         the transposed layout's per-query lse2 / delta columns take 64 registers and spill, rows take 8. Also the
         wide head dims' consumer (64 x 64 steps, each warpgroup half of the head dim in dK and dV), which computes dK
@@ -309,9 +321,12 @@ if gluon is not None:
             dV += P^T dO, dK += dS^T Q  [BLOCK_N, D]         each warpgroup its own BLOCK_N / 2 keys
             dQ_j = dS K                 [BLOCK_M, D]         each warpgroup BLOCK_M / 2 query rows
 
-        Three CTA barriers per step: P stored, dS stored, the step's end (as _bwd_consumer's)."""
-        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs
-        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
+        Three CTA barriers per step: P stored, dS stored, the step's end (as _bwd_consumer's). TAIL_DIM > 0 (head
+        dims 129..192 as 128 + 32 / 64 columns; DQ_PASS only): Q's, K's, V's and dO's columns past HEAD_DIM in tiles of
+        their own (smem[8:12]), S and dP each the sum of two wgmma groups, dK and dV two accumulators each, HEAD_DIM
+        and TAIL_DIM wide, stored from registers."""
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs[:9]
+        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem[:8]
         kv_ready, q_ready, do_ready, empty = bars
         nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
         dtype: gl.constexpr = q_smem.dtype
@@ -322,6 +337,9 @@ if gluon is not None:
         WARPS_M: gl.constexpr = 8 if BLOCK_N == 128 else 4
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_M, 8 // WARPS_M],
                                                             instr_shape=[16, HEAD_DIM // (8 // WARPS_M), 16])
+        kvt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                             instr_shape=[16, max(TAIL_DIM // 2, 8), 16])
+        TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
         b, q_start, k_start, seqlen_q, seqlen_k, i_hk, n0, off, m_first, n_steps, live, _ = _key_block(
             cu_seqlens, seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
@@ -330,6 +348,9 @@ if gluon is not None:
         zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=kv_layout)
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        if TAIL_DIM > 0:
+            dkt = gl.zeros([BLOCK_N, TAIL_DIM], gl.float32, layout=kvt_layout)
+            dvt = gl.zeros([BLOCK_N, TAIL_DIM], gl.float32, layout=kvt_layout)
         if live:
             mbarrier.wait(kv_ready, 0)
         for i in range(group * n_steps):
@@ -340,9 +361,13 @@ if gluon is not None:
             do = do_smem.index(slot)
             mbarrier.wait(q_ready.index(slot), phase)
             s_tok = warpgroup_mma(q, k_smem.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if TAIL_DIM > 0:
+                s_tok = warpgroup_mma(smem[8].index(slot), smem[9].permute((1, 0)), s_tok, is_async=True)
             mbarrier.wait(do_ready.index(slot), phase)
             dp_tok = warpgroup_mma(do, v_smem.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
+            if TAIL_DIM > 0:
+                dp_tok = warpgroup_mma(smem[11].index(slot), smem[10].permute((1, 0)), dp_tok, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(s_tok, ))
             lse2 = lse_smem.index(slot).load(rows_layout)
             p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
             p = _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, IS_VARLEN, BLOCK_M,
@@ -351,14 +376,21 @@ if gluon is not None:
             fence_async_shared()
             gl.thread_barrier()             # P's rows from both warpgroups are in p_smem
             dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do, dv, is_async=True)
-            dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp_tok, ))         # dV still running
+            if TAIL_DIM > 0:
+                dvt_tok = warpgroup_mma(p_smem.permute((1, 0)), smem[11].index(slot), dvt, is_async=True)
+            dp = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(dp_tok, ))  # dV still running
             delta = delta_smem.index(slot).load(rows_layout)
             ds = (p * (dp * sm_scale - gl.expand_dims(delta * sm_scale, 1))).to(dtype)
             ds_smem.store(ds)
             fence_async_shared()
             gl.thread_barrier()             # dS from both warpgroups is in ds_smem
             dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q, dk, is_async=True)
-            if DQ_PASS:
+            if TAIL_DIM > 0:
+                dkt_tok = warpgroup_mma(ds_smem.permute((1, 0)), smem[8].index(slot), dkt, is_async=True)
+                dv, dk, dvt, dkt = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dvt_tok, dkt_tok))
+                gl.thread_barrier()         # every product of the step is done: the slot, p_smem and ds_smem are free
+                mbarrier.arrive(empty.index(slot), count=1)
+            elif DQ_PASS:
                 dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok))
                 gl.thread_barrier()         # every product of the step is done: the slot, p_smem and ds_smem are free
                 mbarrier.arrive(empty.index(slot), count=1)
@@ -367,19 +399,24 @@ if gluon is not None:
                 dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dq_tok))
                 _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, b, q_start + m0, i_h)
         if live:
-            _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, b, k_start, i_hk, n0, seqlen_k, kv_layout,
-                        FP32_GRADS, IS_VARLEN, BLOCK_N, HEAD_DIM)
+            if TAIL_DIM > 0:            # both parts from registers (K / V's tiles are HEAD_DIM wide)
+                _store_dkdv_rows(dk, dv, fp32_out, b, k_start, i_hk, n0, seqlen_k, 0, kv_layout, IS_VARLEN)
+                _store_dkdv_rows(dkt, dvt, fp32_out, b, k_start, i_hk, n0, seqlen_k, HEAD_DIM, kvt_layout,
+                                 IS_VARLEN)
+            else:
+                _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, b, k_start, i_hk, n0, seqlen_k,
+                            kv_layout, FP32_GRADS, IS_VARLEN, BLOCK_N, HEAD_DIM)
 
     @gluon.jit
     def _flash_bwd_hopper_kernel(
-        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc,
-        p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim, p_cu_seqlens_q, p_cu_seqlens_k,
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc, qt_desc, kt_desc, vt_desc,
+        dot_desc, p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim, p_cu_seqlens_q, p_cu_seqlens_k,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_left, window_right,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
         FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_T: gl.constexpr, DQ_PASS: gl.constexpr,
         Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr,
-        num_warps: gl.constexpr,
+        TAIL_DIM: gl.constexpr, QT_SMEM: gl.constexpr, KVT_SMEM: gl.constexpr, num_warps: gl.constexpr,
     ):
         # Host-side TMA descriptors: q, do [batch, seqlen_q, nheads_q, head_dim] (boxes [1, BLOCK_M, 1, HEAD_DIM]),
         # k, v, dk, dv [batch, seqlen_k, nheads_k, head_dim] (boxes [1, BLOCK_N, 1, HEAD_DIM]), dq: the fp32
@@ -391,11 +428,14 @@ if gluon is not None:
         # no dQ product (flash_bwd_dq_hopper's pass writes dQ; the dq descriptor unused). IS_VARLEN: the tensors
         # packed (total, heads, head_dim), seen as batch 1 ([1, total, heads, head_dim]; lse2, delta [nheads_q,
         # vector_rows], each sequence from its _vec_start), sequences bounded by the int32 p_cu_seqlens_q / _k,
-        # seqlen_q / _k the longest sequence's. Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the
-        # default partition); the producer warp is the worker.
+        # seqlen_q / _k the longest sequence's. TAIL_DIM > 0 (DQ_PASS, head dims 129..192 as 128 + 32 / 64 columns):
+        # qt / kt / vt / dot_desc over q / k / v / dout with boxes TAIL_DIM wide, loaded at column HEAD_DIM (= 128);
+        # else unused. Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the default
+        # partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
         gl.static_assert(BLOCK_N == 128 or (BLOCK_N == 64 and not SCORES_T))
         gl.static_assert(not (DQ_PASS and SCORES_T))
+        gl.static_assert(TAIL_DIM == 0 or (DQ_PASS and not IS_VARLEN))
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
         do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
@@ -436,26 +476,32 @@ if gluon is not None:
                                  HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM,
                                  NUM_STAGES)),
                 (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                                 IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, zfill)),
+                                 IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, 0, zfill)),
             ], [1], [24])
         else:
             ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
             p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
             smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
+            if TAIL_DIM > 0:    # the columns past HEAD_DIM of Q, K, V, dO: tiles like the main ones', TAIL_DIM wide
+                descs = descs + (qt_desc, kt_desc, vt_desc, dot_desc)
+                smem = smem + (gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, TAIL_DIM], QT_SMEM),
+                               gl.allocate_shared_memory(dtype, [BLOCK_N, TAIL_DIM], KVT_SMEM),
+                               gl.allocate_shared_memory(dtype, [BLOCK_N, TAIL_DIM], KVT_SMEM),
+                               gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, TAIL_DIM], QT_SMEM))
             gl.warp_specialize([
                 (_bwd_consumer_rows, (descs, smem, p_smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale,
                                       sm_scale, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, FP32_GRADS, BLOCK_M,
-                                      BLOCK_N, HEAD_DIM, NUM_STAGES, DQ_PASS)),
+                                      BLOCK_N, HEAD_DIM, NUM_STAGES, DQ_PASS, TAIL_DIM)),
                 (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                                 IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, zfill)),
+                                 IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill)),
             ], [1], [24])
 
     _launch_backward = LaunchCache(_flash_bwd_hopper_kernel)
 
 
-_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, SCORES_T=True, DQ_PASS=False, num_warps=8)
-_CONFIG_ROWS = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, SCORES_T=False, DQ_PASS=False, num_warps=8)
-_CONFIG_WIDE = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, SCORES_T=False, DQ_PASS=True, num_warps=8)
+_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, SCORES_T=True, DQ_PASS=False, TAIL_DIM=0, num_warps=8)
+_CONFIG_ROWS = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, SCORES_T=False, DQ_PASS=False, TAIL_DIM=0, num_warps=8)
+_CONFIG_WIDE = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, SCORES_T=False, DQ_PASS=True, TAIL_DIM=0, num_warps=8)
 
 # head dim -> config; other head dims stay on flash_bwd's grid. bf16, 16384 tokens, model dim 2048, do_bench on the
 # launchers, TFLOP/s at S = 1K / 2K / 8K. hd128 (H200, session 16): 429 / 479 / 527 (causal 319 / 402 / 503) vs the
@@ -468,13 +514,17 @@ _CONFIG_WIDE = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, SCORES_T=False, DQ_PAS
 # 256 (H100, session 38, `results/h100-2026-11-24-s38/`, CUDA-graph timed, S = 1K / 2K / 4K), with the dQ pass (`c5`):
 # 302 / 339 / 337 (causal 237 / 286 / 315) vs cuDNN's 285 / 333 / 324 (224 / 285 / 333); one pass adding dQ by atomics
 # 230 / 250 / 260 (187 / 222 / 246), the Triton grid 171 / 180 / 187; one pass with no dQ at all 640 at 4K (`c3`).
-HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 128: _CONFIG, 256: _CONFIG_WIDE}
+# Head dims 129..160 / 161..192 (session 44): the wide config at 128 columns plus a 32- / 64-column tail (TAIL_DIM,
+# as the forward's: forward_head_dim), in both passes.
+HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 128: _CONFIG, 160: dict(_CONFIG_WIDE, TAIL_DIM=32),
+                      192: dict(_CONFIG_WIDE, TAIL_DIM=64), 256: _CONFIG_WIDE}
 
 
-def hopper_backward_config(head_dim: int):
-    """This file's config for a call, or None where flash_bwd's grid is used (head dims padded as
-    flash_fwd_hopper.kernel_head_dim says)."""
-    config = HOPPER_BWD_CONFIGS.get(kernel_head_dim(head_dim))
+def hopper_backward_config(head_dim: int, varlen: bool = False):
+    """This file's config for a call, or None where flash_bwd's grid is used: head dims computed as
+    flash_fwd_hopper.forward_head_dim says, or, varlen, padded as kernel_head_dim says (129..192 to 256: the
+    producers' zeroing of rows past cu_seqlens[-1], _hopper_common._zero_rows, takes one box)."""
+    config = HOPPER_BWD_CONFIGS.get((kernel_head_dim if varlen else forward_head_dim)(head_dim))
     return None if config is None else dict(config)
 
 
@@ -500,29 +550,34 @@ _PLANS = PlanCache()
 
 class _BackwardPlan:
     """What a launch derives from the call's signature alone (grid, descriptor geometry, constexprs, the compiled
-    kernel), as flash_fwd_hopper._ForwardPlan: a repeated call builds its nine descriptors and launches."""
+    kernel), as flash_fwd_hopper._ForwardPlan: a repeated call builds its 13 descriptors and launches."""
 
     def __init__(self, q, k, v, dout, dk, window_left, window_right, bottom_right, config, varlen):
         head_dim = q.shape[-1]
-        kernel_dim = kernel_head_dim(head_dim) or head_dim
-        nheads_q, nheads_k = q.shape[-2], k.shape[-2]
         cfg = dict(config)
+        tail = cfg["TAIL_DIM"]          # head dims 129..192: 128 columns, then a tail box (forward_head_dim)
+        kernel_dim = 128 if tail else kernel_head_dim(head_dim) or head_dim
+        nheads_q, nheads_k = q.shape[-2], k.shape[-2]
         block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
         if varlen is None:
             batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
         else:
             batch, seqlen_q, seqlen_k = varlen[0] - 1, varlen[1], varlen[2]
 
-        def geometry(t, box, dtype=q.dtype):
+        def geometry(t, box, dtype=q.dtype, width=kernel_dim):
             entries, rows, heads, strides = packed_geometry(t, varlen)
-            return sequence_geometry(entries, rows, heads, head_dim, strides, box, dtype, kernel_dim)
+            return sequence_geometry(entries, rows, heads, head_dim, strides, box, dtype, width)
 
         vec = vector_geometry(q, block_m, varlen)
         dq_acc = torch.empty(q.shape, dtype=torch.float32, device="meta")       # contiguous, shaped like q
-        self.descriptors = [       # (shape, strides, box, layout) of q, k, v, dout, lse2, delta, dq_acc, dk, dv
+        width = tail or kernel_dim
+        self.descriptors = [       # (shape, strides, box, layout) of q, k, v, dout, lse2, delta, dq_acc, dk, dv,
             geometry(q, block_m), geometry(k, block_n), geometry(v, block_n), geometry(dout, block_m), vec, vec,
             geometry(dq_acc, block_m, torch.float32), geometry(dk, block_n, dk.dtype),
-            geometry(dk, block_n, dk.dtype)]                                    # dv: shaped and laid out like dk
+            geometry(dk, block_n, dk.dtype),                                    # dv: shaped and laid out like dk
+            # then q, k, v, dout with the tail's boxes (unused without one)
+            geometry(q, block_m, width=width), geometry(k, block_n, width=width), geometry(v, block_n, width=width),
+            geometry(dout, block_m, width=width)]
         self.sizes = (*packed_geometry(dk, varlen)[3][:3], head_dim)
         self.shape = (nheads_q, nheads_k, seqlen_q, seqlen_k)
         self.windows = (window_left, window_right)
@@ -533,18 +588,19 @@ class _BackwardPlan:
             BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=kernel_dim, Q_SMEM=_smem_layout([block_m, kernel_dim], q.dtype),
             KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype),
             DS_SMEM=_smem_layout([block_n, block_m] if cfg["SCORES_T"] else [block_m, block_n], q.dtype),
-            DQ_SMEM=_smem_layout([block_m, kernel_dim], torch.float32), **cfg)
+            DQ_SMEM=_smem_layout([block_m, kernel_dim], torch.float32),
+            QT_SMEM=_smem_layout([block_m, width], q.dtype), KVT_SMEM=_smem_layout([block_n, width], q.dtype), **cfg)
 
     def __call__(self, dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale, cu_q, cu_k):
-        self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, dk, dv, *self.sizes, cu_q, cu_k, *self.shape,
-                    qk_scale, sm_scale, *self.windows)
+        self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, q, k, v, dout, dk, dv, *self.sizes, cu_q, cu_k,
+                    *self.shape, qk_scale, sm_scale, *self.windows)
 
 
 def gluon_backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, window_right, bottom_right, fp32_grads,
                    config, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
     """flash_bwd's entry to this file's kernel (config: hopper_backward_config's, for inputs flash_bwd._hopper_plan
-    admitted): it adds dQ (scaled) into the fp32 buffer, cast to dq's dtype after; or, DQ_PASS (head dims padded to
-    256), it computes dK and dV and flash_bwd_dq_hopper's pass writes dQ. Varlen: packed (total, heads, head_dim)
+    admitted): it adds dQ (scaled) into the fp32 buffer, cast to dq's dtype after; or, DQ_PASS (head dims 129..256),
+    it computes dK and dV and flash_bwd_dq_hopper's pass writes dQ (with the same TAIL_DIM). Varlen: packed (total, heads, head_dim)
     tensors with cu_seqlens_q / _k (int32) and the longest lengths. Returns (dq, dk, dv)."""
     varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                   max_seqlen_k=max_seqlen_k)
@@ -558,6 +614,7 @@ def gluon_backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, windo
     if config["DQ_PASS"]:
         assert config["BLOCK_M"] == flash_bwd_dq_hopper.DQ_CONFIG["BLOCK_M"]       # lse2 / delta rows
         dq = empty_packed(q.shape, torch.float32 if fp32_grads else q.dtype, q.device, cu_seqlens_q)
-        flash_bwd_dq_hopper.hopper_backward_dq(dout, q, k, v, lse2, delta, dq, **scales, **varlen)
+        flash_bwd_dq_hopper.hopper_backward_dq(dout, q, k, v, lse2, delta, dq, tail=config["TAIL_DIM"], **scales,
+                                               **varlen)
         return dq, dk, dv
     return (dq_acc if fp32_grads else dq_acc.to(q.dtype)), dk, dv

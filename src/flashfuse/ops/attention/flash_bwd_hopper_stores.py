@@ -48,12 +48,10 @@ if gluon is not None:
         fp32 dK, dV (partial gradients that a caller sums, as ring attention does) and a varlen sequence's last key
         block (a TMA box would overwrite the next sequence's first rows)."""
         if FP32_GRADS:
-            _store_dkdv_rows(dk, dv, fp32_out, b, k_start, i_hk, n0, seqlen_k, kv_layout, IS_VARLEN, BLOCK_N,
-                             HEAD_DIM)
+            _store_dkdv_rows(dk, dv, fp32_out, b, k_start, i_hk, n0, seqlen_k, 0, kv_layout, IS_VARLEN)
         elif IS_VARLEN:
             if n0 + BLOCK_N > seqlen_k:
-                _store_dkdv_rows(dk, dv, fp32_out, b, k_start, i_hk, n0, seqlen_k, kv_layout, IS_VARLEN, BLOCK_N,
-                                 HEAD_DIM)
+                _store_dkdv_rows(dk, dv, fp32_out, b, k_start, i_hk, n0, seqlen_k, 0, kv_layout, IS_VARLEN)
             else:
                 _store_dkdv_tma(dk, dv, k_smem, v_smem, dk_desc, dv_desc, b, k_start + n0, i_hk)
         else:
@@ -70,11 +68,13 @@ if gluon is not None:
         tma.async_copy_shared_to_global(dv_desc, [b, row, i_hk, 0], _tma_box(v_smem, dv_desc))
 
     @gluon.jit
-    def _store_dkdv_rows(dk, dv, fp32_out, b, k_start, i_hk, n0, seqlen_k, kv_layout: gl.constexpr,
-                         IS_VARLEN: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    def _store_dkdv_rows(dk, dv, fp32_out, b, k_start, i_hk, n0, seqlen_k, COL0: gl.constexpr, kv_layout: gl.constexpr,
+                         IS_VARLEN: gl.constexpr):
+        """dK, dV [rows, W] (kv_layout) into columns COL0.. of dk / dv (fp32_out: pointers, strides, head_dim), rows
+        past seqlen_k and columns past head_dim masked."""
         p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim = fp32_out
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-        rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+        cols = COL0 + gl.arange(0, dk.shape[1], layout=gl.SliceLayout(0, kv_layout))
+        rows = n0 + gl.arange(0, dk.shape[0], layout=gl.SliceLayout(1, kv_layout))
         offs = (i_hk * stride_dkv_h + gl.expand_dims((k_start + rows).to(gl.int64) * stride_dkv_s, 1)
                 + gl.expand_dims(cols, 0))
         if not IS_VARLEN:           # (varlen: one batch entry)
