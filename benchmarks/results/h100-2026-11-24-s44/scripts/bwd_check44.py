@@ -47,7 +47,9 @@ def build(fn, const, bm, bn, head_dim, tail, fp32=False, dtype=torch.bfloat16):
     r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True, text=True)
     regs = re.findall(r"Used (\d+) registers", r.stderr); spill = re.findall(r"(\d+) bytes spill stores", r.stderr)
     h, n = ptx_hash(k.asm["ptx"])
-    return f"regs={regs} spill={spill} smem={k.metadata.shared} hash={h} lines={n} {time.time()-t:.0f}s {r.stderr[-300:] if r.returncode else ''}"
+    warn = " ".join(c for c in ("C7514", "C7515") if c in r.stderr)   # ptxas: wgmma serialized
+    bars = k.asm["ptx"].count("bar.sync") + k.asm["ptx"].count("barrier.sync")
+    return f"regs={regs} spill={spill} smem={k.metadata.shared} hash={h} lines={n} bar={bars} {warn} {time.time()-t:.0f}s {r.stderr[-300:] if r.returncode else ''}"
 
 
 def main_kernel(head_dim, causal, varlen, fp32=False):

@@ -1,4 +1,4 @@
-"""The dQ pass of the Gluon attention backward at head dims padded to 256 (Hopper, warp-specialized).
+"""The dQ pass of the Gluon attention backward at head dims above 128 (Hopper, warp-specialized).
 
 flash_bwd_hopper's one-pass backward adds each key block's dQ_j = dS_j K_j into an fp32 buffer in L2. At head dim
 256 a 64 x 64 step adds a [64, 256] fp32 tile (64 KB) for 10.5 MFLOP of products, and those reductions bound it:
@@ -15,7 +15,10 @@ split: each program owns BLOCK_M queries of one query head and walks the key blo
 then stores dQ once: S and dP are recomputed (7 products over both passes instead of 5) and nothing is reduced
 across programs, so dQ is also the same bits run to run. A producer warp loads Q, dO and their lse2 / delta rows once
 and streams K_j / V_j through NUM_STAGES slots. Scope and masks as flash_bwd_hopper (lse2 / delta from
-flash_bwd_preprocess.hopper_backward_inputs; rows with no visible key: lse2 = +inf, so P = 0 and dQ = 0).
+flash_bwd_preprocess.hopper_backward_inputs; rows with no visible key: lse2 = +inf, so P = 0 and dQ = 0). Head dims
+129..160 / 161..192 compute 128 columns plus a 32- / 64-column tail (TAIL_DIM) as flash_bwd_hopper's kernel does
+(session 44), 193..256 at 256. (Leaving block j's dQ product in flight while block j + 1's S and dP are issued, one CTA
+barrier a block instead of two, made ptxas serialize every wgmma: 0.8x; benchmarks/NOTES.md, session 44.)
 """
 
 from __future__ import annotations
