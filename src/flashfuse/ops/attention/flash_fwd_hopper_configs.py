@@ -108,7 +108,7 @@ def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: 
 
 def kernel_head_dim(head_dim: int) -> Optional[int]:
     """The head dim that this file's kernel and flash_bwd_hopper's compute with for inputs of head_dim: 64 for 33..64,
-    128 for 65..128, 256 for 129..256, else None (the forward computes 129..192 narrower: forward_head_dim). The
+    128 for 65..128, 256 for 129..256, else None (both compute 129..192 narrower, but for varlen: forward_head_dim). The
     descriptors keep the tensors' own head dim with boxes of the kernel's, so TMA zero-fills the padding columns on
     loads and drops them on stores: no copies, and zero columns add nothing to Q K^T, P V or any gradient. SD's head
     dims 40, 80 and 160 and DiT's 72 run so (Triton's kernels there, H100, S = 2048: forward 0.67-0.90x cuDNN, backward
@@ -124,8 +124,8 @@ def kernel_head_dim(head_dim: int) -> Optional[int]:
 
 def forward_head_dim(head_dim: int) -> Optional[int]:
     """The width the forward computes for inputs of head_dim (its HOPPER_CONFIGS key): 160 for 129..160 and 192 for
-    161..192 (128 columns, then a tail box of 32 / 64: TAIL_DIM), else kernel_head_dim's 64 / 128 / 256 (the backward
-    pads 129..256 to 256)."""
+    161..192 (128 columns, then a tail box of 32 / 64: TAIL_DIM), else kernel_head_dim's 64 / 128 / 256. The backward
+    (flash_bwd_hopper.HOPPER_BWD_CONFIGS) takes the same widths since session 44; varlen pads 129..256 to 256 in both."""
     if 128 < head_dim <= 160:
         return 160
     if 160 < head_dim <= 192:
