@@ -27,12 +27,14 @@ barriers; FlashAttention-3 takes 128-row blocks there. In the transposed layout 
 queries' lse2 and delta), so _bwd_consumer_rows keeps scores in the row layout (S = Q K^T, each thread 4 rows) and
 passes P and dS to the dV and dK products through shared memory, read transposed (three CTA barriers per block).
 
-Head dims above 128 take flash_bwd_hopper_wide's consumer (64 x 64 steps in the row layout, each warpgroup half of
-the head dim in dK and dV) and leave dQ to a pass of its own (DQ_PASS, flash_bwd_dq_hopper): adding a [64, 256] fp32
+Head dims above 128 take _bwd_consumer_rows with 64 x 64 steps, each warpgroup half of the head dim in dK and dV,
+and leave dQ to a pass of its own (DQ_PASS, flash_bwd_dq_hopper): adding a [64, 256] fp32
 dQ tile into L2 per step, by atomics (the TMA reduce-add's fp32 slots do not fit beside two Q / dO stages), bound the
 one-pass kernel at ~1.6 TB/s of reductions (benchmarks/NOTES.md, session 38). 129..160 and 161..192 compute 128
 columns plus a 32- / 64-column tail (TAIL_DIM, as the forward: each Q / K / V / dO tile's columns past 128 in a box and
-tiles of their own; session 44), 193..256 are padded to 256; varlen pads 129..256 to 256.
+tiles of their own; session 44), 193..256 are padded to 256; varlen pads 129..256 to 256. (Leaving a step's dV / dK
+in flight while the next step's S / dP are issued measured 0.75-0.82x: an accumulator in flight across the loop's
+back edge makes ptxas serialize every wgmma of the kernel; session 44.)
 
 Measured (benchmarks/NOTES.md, sessions 16, 22 and 38): hd128 0.93-1.03x cuDNN from 1024 keys (H200); hd64 with
 128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x);
@@ -80,8 +82,7 @@ if gluon is not None:
                                                                   warpgroup_mma, warpgroup_mma_wait)
 
     from .flash_bwd_dq_hopper import _alloc_vector_rows, _mask_rows
-    from .flash_bwd_hopper_stores import _hand_off_dq, _store_dkdv
-    from .flash_bwd_hopper_wide import _bwd_consumer_wide
+    from .flash_bwd_hopper_stores import _hand_off_dq, _store_dkdv, _store_dkdv_rows
     from ._hopper_common import _packed_end, _tma_box, _zero_rows
     from .flash_bwd_hopper_tiles import _key_block, _step
 
@@ -259,16 +260,21 @@ if gluon is not None:
                            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                            IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                           NUM_STAGES: gl.constexpr):
+                           NUM_STAGES: gl.constexpr, DQ_PASS: gl.constexpr, TAIL_DIM: gl.constexpr):
         """Eight warps, scores in the row layout (FlashAttention-3's head-dim-64 scheme): with 128-row query steps
-        the transposed layout's per-query lse2 / delta columns take 64 registers and spill, rows take 8.
+        the transposed layout's per-query lse2 / delta columns take 64 registers and spill, rows take 8. Also the
+        wide head dims' consumer (64 x 64 steps, each warpgroup half of the head dim in dK and dV), which computes dK
+        and dV alone (DQ_PASS: flash_bwd_dq_hopper computes dQ).
 
             S  = Q K^T, dP = dO V^T     [BLOCK_M, BLOCK_N]   the two warpgroups take BLOCK_N / 2 keys each
             P -> p_smem, dS -> ds_smem                       (bf16) the A operands of dV and dK, read transposed
             dV += P^T dO, dK += dS^T Q  [BLOCK_N, D]         each warpgroup its own BLOCK_N / 2 keys
             dQ_j = dS K                 [BLOCK_M, D]         each warpgroup BLOCK_M / 2 query rows
 
-        Three CTA barriers per step: P stored, dS stored, the step's end (as _bwd_consumer's)."""
+        Three CTA barriers per step: P stored, dS stored, the step's end (as _bwd_consumer's). TAIL_DIM > 0 (head
+        dims 129..192 as 128 + 32 / 64 columns; DQ_PASS only): Q's, K's, V's and dO's columns past HEAD_DIM in tiles of
+        their own (smem[8:12]), S and dP each the sum of two wgmma groups, dK and dV two accumulators each, HEAD_DIM
+        and TAIL_DIM wide, stored from registers."""
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs[:9]
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem[:8]
         kv_ready, q_ready, do_ready, empty = bars
@@ -276,9 +282,14 @@ if gluon is not None:
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                            instr_shape=[16, BLOCK_N // 2, 16])
-        # dK, dV [BLOCK_N, D] and dQ_j [BLOCK_M, D]: a warp per 16 rows
-        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
-                                                            instr_shape=[16, HEAD_DIM, 16])
+        # dK, dV [BLOCK_N, D] and dQ_j [BLOCK_M, D]: 128 rows take a warp per 16 rows; 64 rows (the wide head dims)
+        # a warpgroup per half of the head dim.
+        WARPS_M: gl.constexpr = 8 if BLOCK_N == 128 else 4
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_M, 8 // WARPS_M],
+                                                            instr_shape=[16, HEAD_DIM // (8 // WARPS_M), 16])
+        kvt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                             instr_shape=[16, max(TAIL_DIM // 2, 8), 16])
+        TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
         b, q_start, k_start, seqlen_q, seqlen_k, i_hk, n0, off, m_first, n_steps, live, _ = _key_block(
             cu_seqlens, seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
@@ -287,6 +298,9 @@ if gluon is not None:
         zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=kv_layout)
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        if TAIL_DIM > 0:
+            dkt = gl.zeros([BLOCK_N, TAIL_DIM], gl.float32, layout=kvt_layout)
+            dvt = gl.zeros([BLOCK_N, TAIL_DIM], gl.float32, layout=kvt_layout)
         if live:
             mbarrier.wait(kv_ready, 0)
         for i in range(group * n_steps):
@@ -297,9 +311,13 @@ if gluon is not None:
             do = do_smem.index(slot)
             mbarrier.wait(q_ready.index(slot), phase)
             s_tok = warpgroup_mma(q, k_smem.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if TAIL_DIM > 0:
+                s_tok = warpgroup_mma(smem[8].index(slot), smem[9].permute((1, 0)), s_tok, is_async=True)
             mbarrier.wait(do_ready.index(slot), phase)
             dp_tok = warpgroup_mma(do, v_smem.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
+            if TAIL_DIM > 0:
+                dp_tok = warpgroup_mma(smem[11].index(slot), smem[10].permute((1, 0)), dp_tok, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(s_tok, ))
             lse2 = lse_smem.index(slot).load(rows_layout)
             p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
             p = _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, IS_VARLEN, BLOCK_M,
@@ -308,19 +326,36 @@ if gluon is not None:
             fence_async_shared()
             gl.thread_barrier()             # P's rows from both warpgroups are in p_smem
             dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do, dv, is_async=True)
-            dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp_tok, ))         # dV still running
+            if TAIL_DIM > 0:
+                dvt_tok = warpgroup_mma(p_smem.permute((1, 0)), smem[11].index(slot), dvt, is_async=True)
+            dp = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(dp_tok, ))  # dV still running
             delta = delta_smem.index(slot).load(rows_layout)
             ds = (p * (dp * sm_scale - gl.expand_dims(delta * sm_scale, 1))).to(dtype)
             ds_smem.store(ds)
             fence_async_shared()
             gl.thread_barrier()             # dS from both warpgroups is in ds_smem
             dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q, dk, is_async=True)
-            dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
-            dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dq_tok))
-            _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, b, q_start + m0, i_h)
+            if TAIL_DIM > 0:
+                dkt_tok = warpgroup_mma(ds_smem.permute((1, 0)), smem[8].index(slot), dkt, is_async=True)
+                dv, dk, dvt, dkt = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dvt_tok, dkt_tok))
+                gl.thread_barrier()         # every product of the step is done: the slot, p_smem and ds_smem are free
+                mbarrier.arrive(empty.index(slot), count=1)
+            elif DQ_PASS:
+                dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok))
+                gl.thread_barrier()         # every product of the step is done: the slot, p_smem and ds_smem are free
+                mbarrier.arrive(empty.index(slot), count=1)
+            else:
+                dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
+                dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dq_tok))
+                _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, b, q_start + m0, i_h)
         if live:
-            _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, b, k_start, i_hk, n0, seqlen_k, kv_layout,
-                        FP32_GRADS, IS_VARLEN, BLOCK_N, HEAD_DIM)
+            if TAIL_DIM > 0:            # both parts from registers (K / V's tiles are HEAD_DIM wide)
+                _store_dkdv_rows(dk, dv, fp32_out, b, k_start, i_hk, n0, seqlen_k, 0, kv_layout, IS_VARLEN)
+                _store_dkdv_rows(dkt, dvt, fp32_out, b, k_start, i_hk, n0, seqlen_k, HEAD_DIM, kvt_layout,
+                                 IS_VARLEN)
+            else:
+                _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, b, k_start, i_hk, n0, seqlen_k,
+                            kv_layout, FP32_GRADS, IS_VARLEN, BLOCK_N, HEAD_DIM)
 
     @gluon.jit
     def _flash_bwd_hopper_kernel(
@@ -348,7 +383,7 @@ if gluon is not None:
         # else unused. Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the default
         # partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
-        gl.static_assert(BLOCK_N == 128 or (BLOCK_N == 64 and DQ_PASS))
+        gl.static_assert(BLOCK_N == 128 or (BLOCK_N == 64 and not SCORES_T))
         gl.static_assert(not (DQ_PASS and SCORES_T))
         gl.static_assert(TAIL_DIM == 0 or (DQ_PASS and not IS_VARLEN))
         dtype: gl.constexpr = q_desc.dtype
@@ -393,7 +428,7 @@ if gluon is not None:
                 (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
                                  IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, 0, zfill)),
             ], [1], [24])
-        elif DQ_PASS:           # head dims above 128: dK and dV alone (flash_bwd_hopper_wide)
+        else:
             ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
             p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
             smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
@@ -404,22 +439,11 @@ if gluon is not None:
                                gl.allocate_shared_memory(dtype, [BLOCK_N, TAIL_DIM], KVT_SMEM),
                                gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, TAIL_DIM], QT_SMEM))
             gl.warp_specialize([
-                (_bwd_consumer_wide, (descs, smem, p_smem, ds_smem, bars, shape, cu_seqlens, fp32_out, windows,
-                                      qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, FP32_GRADS,
-                                      BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM)),
-                (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                                 IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill)),
-            ], [1], [24])
-        else:
-            ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
-            p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
-            smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
-            gl.warp_specialize([
                 (_bwd_consumer_rows, (descs, smem, p_smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale,
                                       sm_scale, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, FP32_GRADS, BLOCK_M,
-                                      BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                                      BLOCK_N, HEAD_DIM, NUM_STAGES, DQ_PASS, TAIL_DIM)),
                 (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                                 IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, 0, zfill)),
+                                 IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill)),
             ], [1], [24])
 
     _launch_backward = LaunchCache(_flash_bwd_hopper_kernel)

@@ -1,7 +1,7 @@
 """The key-block walk of flash_bwd_hopper's dK / dV programs (Gluon, Hopper): which key block, batch entry and kv head
 a program owns, which query blocks see its keys, and the order its steps take them (every query head of the GQA
-group). Shared by the producer and both consumers (flash_bwd_hopper, flash_bwd_hopper_wide); moved out of
-flash_bwd_hopper.py (session 44) as they were."""
+group). Shared by flash_bwd_hopper's producer and consumers; moved out of flash_bwd_hopper.py (session 44) as they
+were."""
 
 from __future__ import annotations
 
