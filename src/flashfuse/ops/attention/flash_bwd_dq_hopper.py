@@ -407,5 +407,5 @@ class _DqPlan:
             KVT_SMEM=_smem_layout([block_n, width], q.dtype), **cfg)
 
     def __call__(self, dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, cu_q, cu_k):
-        self.launch(q, k, v, dout, lse2, delta, q, k, v, dout, dq, *self.sizes, cu_q, cu_k, *self.shape, qk_scale, sm_scale,
-                    *self.windows)
+        self.launch(q, k, v, dout, lse2, delta, q, k, v, dout, dq, *self.sizes, cu_q, cu_k, *self.shape, qk_scale,
+                    sm_scale, *self.windows)

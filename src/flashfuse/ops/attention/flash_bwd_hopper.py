@@ -28,9 +28,9 @@ queries' lse2 and delta), so _bwd_consumer_rows keeps scores in the row layout (
 passes P and dS to the dV and dK products through shared memory, read transposed (three CTA barriers per block).
 
 Head dims above 128 take _bwd_consumer_rows with 64 x 64 steps, each warpgroup half of the head dim in dK and dV,
-and leave dQ to a pass of its own (DQ_PASS, flash_bwd_dq_hopper): adding a [64, 256] fp32
-dQ tile into L2 per step, by atomics (the TMA reduce-add's fp32 slots do not fit beside two Q / dO stages), bound the
-one-pass kernel at ~1.6 TB/s of reductions (benchmarks/NOTES.md, session 38). 129..160 and 161..192 compute 128
+and leave dQ to a pass of its own (DQ_PASS, flash_bwd_dq_hopper): adding a [64, 256] fp32 dQ tile into L2 per step,
+by atomics (the TMA reduce-add's fp32 slots do not fit beside two Q / dO stages), bound the one-pass kernel at
+~1.6 TB/s of reductions (benchmarks/NOTES.md, session 38). 129..160 and 161..192 compute 128
 columns plus a 32- / 64-column tail (TAIL_DIM, as the forward: each Q / K / V / dO tile's columns past 128 in a box and
 tiles of their own; session 44), 193..256 are padded to 256; varlen pads 129..256 to 256. (Leaving a step's dV / dK
 in flight while the next step's S / dP are issued measured 0.75-0.82x: an accumulator in flight across the loop's
@@ -39,8 +39,8 @@ back edge makes ptxas serialize every wgmma of the kernel; session 44.)
 Measured (benchmarks/NOTES.md, sessions 16, 22 and 38): hd128 0.93-1.03x cuDNN from 1024 keys (H200); hd64 with
 128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x);
 hd256 with the dQ pass 0.99-1.08x cuDNN (H100; one pass with atomic dQ: 0.71-0.83x); hd160 / hd192 with the tail
-1.08-1.18x / 1.01-1.09x cuDNN (H100, session 44; padded to 256: 0.85-0.97x / 0.89-1.00x). Varlen (session 40, 16K tokens
-in sequences of [max / 8, max]): 0.97-1.48x flash_bwd's grid at hd64, 1.23-1.32x at hd128, 1.59-1.82x at hd256.
+1.08-1.18x / 1.01-1.09x cuDNN (H100, session 44; padded to 256: 0.85-0.97x / 0.89-1.00x). Varlen (session 40, 16K
+tokens in sequences of [max / 8, max]): 0.97-1.48x flash_bwd's grid at hd64, 1.23-1.32x at hd128, 1.59-1.82x at hd256.
 
 dQ's summation order over key blocks varies run to run (reduce-adds), so deterministic=True keeps flash_bwd's grid,
 but at head dims above 128, where nothing is added across programs (DQ_PASS). Scope as flash_fwd_hopper: 16-bit
@@ -550,8 +550,8 @@ def gluon_backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, windo
                    config, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
     """flash_bwd's entry to this file's kernel (config: hopper_backward_config's, for inputs flash_bwd._hopper_plan
     admitted): it adds dQ (scaled) into the fp32 buffer, cast to dq's dtype after; or, DQ_PASS (head dims 129..256),
-    it computes dK and dV and flash_bwd_dq_hopper's pass writes dQ (with the same TAIL_DIM). Varlen: packed (total, heads, head_dim)
-    tensors with cu_seqlens_q / _k (int32) and the longest lengths. Returns (dq, dk, dv)."""
+    it computes dK and dV and flash_bwd_dq_hopper's pass writes dQ (with the same TAIL_DIM). Varlen: packed (total,
+    heads, head_dim) tensors with cu_seqlens_q / _k (int32) and the longest lengths. Returns (dq, dk, dv)."""
     varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                   max_seqlen_k=max_seqlen_k)
     delta, lse2, dq_acc = hopper_backward_inputs(out, dout, lse, config["BLOCK_M"], cu_seqlens_q=cu_seqlens_q,

@@ -25,7 +25,8 @@ if gluon is not None:
         if HAS_RIGHT:
             m_first = gl.minimum(gl.maximum(i_n * BLOCK_N - off - window_right, 0) // BLOCK_M, n_m)
         m_end = n_m
-        if HAS_LEFT:          # the last query seeing the block's last key: i_n * BLOCK_N + BLOCK_N - 1 + window_left - off
+        # the last query seeing the block's last key: i_n * BLOCK_N + BLOCK_N - 1 + window_left - off
+        if HAS_LEFT:
             m_end = gl.minimum(gl.cdiv(gl.maximum(i_n * BLOCK_N + BLOCK_N + window_left - off, 0), BLOCK_M), n_m)
         return m_first, gl.maximum(m_end - m_first, 0)
 

@@ -125,7 +125,8 @@ def kernel_head_dim(head_dim: int) -> Optional[int]:
 def forward_head_dim(head_dim: int) -> Optional[int]:
     """The width the forward computes for inputs of head_dim (its HOPPER_CONFIGS key): 160 for 129..160 and 192 for
     161..192 (128 columns, then a tail box of 32 / 64: TAIL_DIM), else kernel_head_dim's 64 / 128 / 256. The backward
-    (flash_bwd_hopper.HOPPER_BWD_CONFIGS) takes the same widths since session 44; varlen pads 129..256 to 256 in both."""
+    (flash_bwd_hopper.HOPPER_BWD_CONFIGS) takes the same widths since session 44; varlen pads 129..256 to 256 in
+    both."""
     if 128 < head_dim <= 160:
         return 160
     if 160 < head_dim <= 192:
