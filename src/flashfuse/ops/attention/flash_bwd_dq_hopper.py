@@ -111,11 +111,13 @@ if gluon is not None:
         if HAS_LEFT:
             need_mask = need_mask | (n0 < m0 + BLOCK_M - 1 + off - window_left)
         if need_mask:
-            queries = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-            keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            visible = gl.expand_dims(keys < seqlen_k, 0)
+            # Indices relative to m0, which changes every step: key indices that do not would be hoisted out of the
+            # step loop (a register each, 32 at hd64's query split, which ptxas then spilled; session 45).
+            queries = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))                 # query - m0
+            keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)) + (n0 - m0)      # key - m0
+            visible = gl.expand_dims(keys < seqlen_k - m0, 0)
             if MASK_QUERIES:
-                visible = visible & gl.expand_dims(queries < seqlen_q, 1)
+                visible = visible & gl.expand_dims(queries < seqlen_q - m0, 1)
             if HAS_RIGHT:
                 visible = visible & (gl.expand_dims(keys, 0) <= gl.expand_dims(queries + off + window_right, 1))
             if HAS_LEFT:

@@ -24,8 +24,9 @@ blocks).
 
 At head dim 64 a 64-row query block carries half the matrix work of head dim 128 for the same softmax, waits and
 barriers; FlashAttention-3 takes 128-row blocks there. In the transposed layout those spill (each thread holds 32
-queries' lse2 and delta), so _bwd_consumer_rows keeps scores in the row layout (S = Q K^T, each thread 4 rows) and
-passes P and dS to the dV and dK products through shared memory, read transposed (three CTA barriers per block).
+queries' lse2 and delta), so _bwd_consumer_rows keeps scores in the row layout (S = Q K^T, each warpgroup 64 query
+rows, each thread 2), passes P and dS to the dV and dK products through shared memory, read transposed (three CTA
+barriers per block), and takes dQ_j = dS K from the warpgroup's own dS registers.
 
 Head dims above 128 take _bwd_consumer_rows with 64 x 64 steps, each warpgroup half of the head dim in dK and dV,
 and leave dQ to a pass of its own (DQ_PASS, flash_bwd_dq_hopper): adding a [64, 256] fp32 dQ tile into L2 per step,
@@ -36,8 +37,9 @@ tiles of their own; session 44), 193..256 are padded to 256; varlen pads 129..25
 in flight while the next step's S / dP are issued measured 0.75-0.82x: an accumulator in flight across the loop's
 back edge makes ptxas serialize every wgmma of the kernel; session 44.)
 
-Measured (benchmarks/NOTES.md, sessions 16, 22 and 38): hd128 0.93-1.03x cuDNN from 1024 keys (H200); hd64 with
-128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x);
+Measured (benchmarks/NOTES.md, sessions 16, 22, 38 and 45): hd128 0.93-1.03x cuDNN from 1024 keys (H200); hd64 with
+128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x), split
+by queries 1.02-1.07x the same split by keys (session 45);
 hd256 with the dQ pass 0.99-1.08x cuDNN (H100; one pass with atomic dQ: 0.71-0.83x); hd160 / hd192 with the tail
 1.08-1.18x / 1.01-1.09x cuDNN (H100, session 44; padded to 256: 0.85-0.97x / 0.89-1.00x). Varlen (session 40, 16K
 tokens in sequences of [max / 8, max]): 0.97-1.48x flash_bwd's grid at hd64, 1.23-1.32x at hd128, 1.59-1.82x at hd256.
@@ -261,17 +263,21 @@ if gluon is not None:
                            IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            NUM_STAGES: gl.constexpr, DQ_PASS: gl.constexpr, TAIL_DIM: gl.constexpr):
-        """Eight warps, scores in the row layout (FlashAttention-3's head-dim-64 scheme): with 128-row query steps
-        the transposed layout's per-query lse2 / delta columns take 64 registers and spill, rows take 8. Also the
-        wide head dims' consumer (64 x 64 steps, each warpgroup half of the head dim in dK and dV), which computes dK
-        and dV alone (DQ_PASS: flash_bwd_dq_hopper computes dQ).
+        """Eight warps, scores in the row layout: with 128-row query steps (head dim 64) the transposed layout's
+        per-query lse2 / delta columns take 64 registers and spill, rows take 4. Also the wide head dims' consumer
+        (64 x 64 steps, each warpgroup half of the head dim in dK and dV), which computes dK and dV alone (DQ_PASS:
+        flash_bwd_dq_hopper computes dQ).
 
-            S  = Q K^T, dP = dO V^T     [BLOCK_M, BLOCK_N]   the two warpgroups take BLOCK_N / 2 keys each
+            S  = Q K^T, dP = dO V^T     [BLOCK_M, BLOCK_N]   each warpgroup BLOCK_M / 2 query rows x all keys
+                                                             (DQ_PASS: all 64 rows x BLOCK_N / 2 keys)
+            dQ_j = dS K                 [BLOCK_M, D]         each warpgroup its own dS rows, from registers
             P -> p_smem, dS -> ds_smem                       (bf16) the A operands of dV and dK, read transposed
-            dV += P^T dO, dK += dS^T Q  [BLOCK_N, D]         each warpgroup its own BLOCK_N / 2 keys
-            dQ_j = dS K                 [BLOCK_M, D]         each warpgroup BLOCK_M / 2 query rows
+            dV += P^T dO, dK += dS^T Q  [BLOCK_N, D]         each warpgroup BLOCK_N / 2 keys (DQ_PASS: half of D)
 
-        Three CTA barriers per step: P stored, dS stored, the step's end (as _bwd_consumer's). TAIL_DIM > 0 (head
+        Split by queries, S and dP are one m64n128 wgmma per warpgroup and k-step (split by keys, FlashAttention-3's
+        hd64 layout, two m64n64 reading K's half twice: shared memory bandwidth is what bounds hd64's five N = 64
+        products), and dQ's A operand is in registers and issued before the dS barrier: 1.02-1.07x at hd64 (session
+        45). Three CTA barriers per step: P stored, dS stored, the step's end (as _bwd_consumer's). TAIL_DIM > 0 (head
         dims 129..192 as 128 + 32 / 64 columns; DQ_PASS only): Q's, K's, V's and dO's columns past HEAD_DIM in tiles of
         their own (smem[8:12]), S and dP each the sum of two wgmma groups, dK and dV two accumulators each, HEAD_DIM
         and TAIL_DIM wide, stored from registers."""
@@ -280,13 +286,19 @@ if gluon is not None:
         kv_ready, q_ready, do_ready, empty = bars
         nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
         dtype: gl.constexpr = q_smem.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                           instr_shape=[16, BLOCK_N // 2, 16])
         # dK, dV [BLOCK_N, D] and dQ_j [BLOCK_M, D]: 128 rows take a warp per 16 rows; 64 rows (the wide head dims)
         # a warpgroup per half of the head dim.
         WARPS_M: gl.constexpr = 8 if BLOCK_N == 128 else 4
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_M, 8 // WARPS_M],
                                                             instr_shape=[16, HEAD_DIM // (8 // WARPS_M), 16])
+        # S, dP [BLOCK_M, BLOCK_N]: with dQ (hd64, 128 query rows) split by queries, each warpgroup 64 rows x all keys,
+        # so that its dS rows are the A operand of its own dQ rows; the wide head dims' 64 rows by keys.
+        if DQ_PASS:
+            s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                               instr_shape=[16, BLOCK_N // 2, 16])
+        else:
+            s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                               instr_shape=[16, BLOCK_N, 16])
         kvt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                              instr_shape=[16, max(TAIL_DIM // 2, 8), 16])
         TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
@@ -331,6 +343,9 @@ if gluon is not None:
             dp = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(dp_tok, ))  # dV still running
             delta = delta_smem.index(slot).load(rows_layout)
             ds = (p * (dp * sm_scale - gl.expand_dims(delta * sm_scale, 1))).to(dtype)
+            if not DQ_PASS:     # dQ_j = dS K from this warpgroup's own dS rows, before the barrier
+                ds_op = gl.convert_layout(ds, gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2))
+                dq_tok = warpgroup_mma(ds_op, k_smem, zero_dq, use_acc=False, is_async=True)
             ds_smem.store(ds)
             fence_async_shared()
             gl.thread_barrier()             # dS from both warpgroups is in ds_smem
@@ -345,7 +360,6 @@ if gluon is not None:
                 gl.thread_barrier()         # every product of the step is done: the slot, p_smem and ds_smem are free
                 mbarrier.arrive(empty.index(slot), count=1)
             else:
-                dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
                 dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dq_tok))
                 _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, b, q_start + m0, i_h)
         if live:
@@ -386,6 +400,7 @@ if gluon is not None:
         gl.static_assert(BLOCK_N == 128 or (BLOCK_N == 64 and not SCORES_T))
         gl.static_assert(not (DQ_PASS and SCORES_T))
         gl.static_assert(TAIL_DIM == 0 or (DQ_PASS and not IS_VARLEN))
+        gl.static_assert(SCORES_T or DQ_PASS or BLOCK_M == 128)      # _bwd_consumer_rows's dQ: 2 x 64 query rows
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
         do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
@@ -457,7 +472,9 @@ _CONFIG_WIDE = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, SCORES_T=False, DQ_PAS
 # launchers, TFLOP/s at S = 1K / 2K / 8K. hd128 (H200, session 16): 429 / 479 / 527 (causal 319 / 402 / 503) vs the
 # Triton grid's 346 / 382 / 421 (253 / 319 / 389) and cuDNN's 421 / 474 / 525 (313 / 389 / 492). hd64 (H100, session
 # 22, `results/h100-2026-11-23-s22/c1`): row layout, 128-row blocks 337 / 388 / 444 (causal 239 / 313 / 418) vs the
-# transposed 64-row blocks' 325 / 356 / 425 (235 / 305 / 364) and cuDNN's 345 / 397 / 450 (230 / 312 / 403).
+# transposed 64-row blocks' 325 / 356 / 425 (235 / 305 / 364) and cuDNN's 345 / 397 / 450 (230 / 312 / 403). Session
+# 45 (`results/h100-2026-11-24-s45/c3`, CUDA-graph timed, 3 rounds): S and dP split by queries 345 / 399 / 454 (causal
+# 248 / 323 / 422) vs by keys 329 / 376 / 426 (239 / 312 / 401), cuDNN (eager) 337 / 383 / 438 (230 / 310 / 400).
 # Slower: at hd64 3 stages (+-1%), 128-row blocks in the transposed layout (spills), a rotated query walk, P and dS
 # behind one barrier (`c3`); a deferred dQ store (session 16). dQ issued before dK with its store beside dK's
 # product crashes ptxas 3.6 (SIGSEGV) under some integer specializations (session 22, call 2). Head dims padded to

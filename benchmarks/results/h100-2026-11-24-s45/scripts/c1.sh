@@ -1,0 +1,8 @@
+export PYTHONPATH=$PWD/src
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > $OUT/gpu.txt
+python3 -u .gpu/bwd_sweep45.py > $OUT/sweep_c1.log 2>&1 &
+SW=$!
+wait $SW
+cat $OUT/sweep_c1.log
+python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 tests/test_flash_attn_varlen_gpu.py tests/test_flash_attn_gpu.py tests/test_flash_attn_kernels_gpu.py tests/test_flash_attn_window_gpu.py tests/test_flash_attn_wide_gpu.py tests/test_launch_cache.py tests/test_ring_attention_gpu.py tests/test_hf_attention_gpu.py -k "not slow" > $OUT/tier_c1.log 2>&1
+grep -v "Warning\|warner" $OUT/tier_c1.log | tail -8

@@ -1,0 +1,5 @@
+export PYTHONPATH=$PWD/src
+python3 -u .gpu/bwd_sweep45.py > $OUT/sweep_c3.log 2>&1; cat $OUT/sweep_c3.log
+python3 -u .gpu/varlen_ab45.py > $OUT/varlen_c3.log 2>&1; cat $OUT/varlen_c3.log
+python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests/test_flash_attn_varlen_gpu.py tests/test_flash_attn_gpu.py tests/test_flash_attn_kernels_gpu.py tests/test_flash_attn_window_gpu.py tests/test_flash_attn_wide_gpu.py tests/test_launch_cache.py tests/test_ring_attention_gpu.py tests/test_hf_attention_gpu.py -k "not slow" > $OUT/tier_c3.log 2>&1
+grep -v "Warning\|warner" $OUT/tier_c3.log | tail -6
