@@ -473,7 +473,7 @@ _CONFIG_WIDE = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, SCORES_T=False, DQ_PAS
 # Triton grid's 346 / 382 / 421 (253 / 319 / 389) and cuDNN's 421 / 474 / 525 (313 / 389 / 492). hd64 (H100, session
 # 22, `results/h100-2026-11-23-s22/c1`): row layout, 128-row blocks 337 / 388 / 444 (causal 239 / 313 / 418) vs the
 # transposed 64-row blocks' 325 / 356 / 425 (235 / 305 / 364) and cuDNN's 345 / 397 / 450 (230 / 312 / 403). Session
-# 45 (`results/h100-2026-11-24-s45/c3`, CUDA-graph timed, 3 rounds): S and dP split by queries 345 / 399 / 454 (causal
+# 45 (`results/h100-2026-11-24-s45/c3`, CUDA-graph timed, 3 rounds): S and dP split by queries 345 / 400 / 454 (causal
 # 248 / 323 / 422) vs by keys 329 / 376 / 426 (239 / 312 / 401), cuDNN (eager) 337 / 383 / 438 (230 / 310 / 400).
 # Slower: at hd64 3 stages (+-1%), 128-row blocks in the transposed layout (spills), a rotated query walk, P and dS
 # behind one barrier (`c3`); a deferred dQ store (session 16). dQ issued before dK with its store beside dK's
