@@ -69,7 +69,8 @@ def main_kernel(head_dim, causal, varlen, fp32=False):
 
 
 def dq_kernel(head_dim, causal, varlen, fp32=False):
-    bm, bn, dtype = 64, 64, torch.bfloat16
+    bn, dtype = 64, torch.bfloat16
+    bm = int(os.environ.get("DQ_BM", "0")) or DQ.dq_config({160: 32, 192: 64, 256: 0}[head_dim])["BLOCK_M"]
     width, tail = {160: (128, 32), 192: (128, 64), 256: (256, 0)}[head_dim]
     const = dict(HAS_LEFT=False, HAS_RIGHT=causal, BOTTOM_RIGHT=True, IS_VARLEN=varlen, BLOCK_M=bm, BLOCK_N=bn,
                  HEAD_DIM=width, NUM_STAGES=2, Q_SMEM=H._smem_layout([bm, width], dtype),

@@ -6,11 +6,17 @@ flash_bwd_hopper's one-pass backward adds each key block's dQ_j = dS_j K_j into 
 session 38). So at 256 that kernel computes dK and dV alone (DQ_PASS) and this one computes dQ, FlashAttention-2's
 split: each program owns BLOCK_M queries of one query head and walks the key blocks they see,
 
-    S   = Q K_j^T                 [BLOCK_M, BLOCK_N]   wgmma, async (the two warpgroups take BLOCK_N / 2 keys each)
+    S   = Q K_j^T                 [BLOCK_M, BLOCK_N]   wgmma, async
     dP  = dO V_j^T                [BLOCK_M, BLOCK_N]   wgmma, async
     P   = exp2(S * scale * log2(e) - lse2)
-    dS  = P * (dP - delta) * scale                      -> shared memory (both warpgroups' keys)
-    dQ += dS K_j                  [BLOCK_M, D]         each warpgroup half of the head dim, in registers
+    dS  = P * (dP - delta) * scale
+    dQ += dS K_j                  [BLOCK_M, D]         in registers
+
+At 129..192 (128 + 32 / 64 columns) a program takes 128 queries, each warpgroup its own 64 rows x all BLOCK_N keys, so
+that dS is already in the registers of the warpgroup whose dQ rows it makes (the A operand of dS K: no dS tile, one
+CTA barrier a block; session 45: the whole backward 1.08-1.12x). At 193..256 that does not fit (Q + dO 128 KB, dQ 128
+registers a thread): 64 queries, the warpgroups BLOCK_N / 2 keys each for S and dP, dS through shared memory, each
+warpgroup half of the head dim of dQ.
 
 then stores dQ once: S and dP are recomputed (7 products over both passes instead of 5) and nothing is reduced
 across programs, so dQ is also the same bits run to run. A producer warp loads Q, dO and their lse2 / delta rows once
@@ -190,17 +196,28 @@ if gluon is not None:
         """Eight warps: the schedule in the module docstring, two CTA barriers a key block (dS stored; the block's
         products done, before its slot and ds_smem are reused). TAIL_DIM > 0: Q's, K's, V's and dO's columns past
         HEAD_DIM in tiles of their own (smem[7:11]), S and dP each the sum of two wgmma groups, dQ two accumulators,
-        HEAD_DIM and TAIL_DIM wide."""
+        HEAD_DIM and TAIL_DIM wide. BLOCK_M = 128 (QUERY_SPLIT): each warpgroup its own 64 query rows x all BLOCK_N
+        keys, so its dS rows are the A operand of its own dQ rows (from registers: no dS tile, one CTA barrier a
+        block)."""
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem = smem[:7]
         q_ready, do_ready, k_ready, v_ready, empty = bars
         nheads_q, group, seqlen_q, seqlen_k = shape
         dtype: gl.constexpr = q_smem.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                           instr_shape=[16, BLOCK_N // 2, 16])
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                            instr_shape=[16, HEAD_DIM // 2, 16])
-        dqt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                             instr_shape=[16, max(TAIL_DIM // 2, 8), 16])
+        QUERY_SPLIT: gl.constexpr = BLOCK_M == 128
+        if QUERY_SPLIT:
+            s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                               instr_shape=[16, BLOCK_N, 16])
+            dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                                instr_shape=[16, HEAD_DIM, 16])
+            dqt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                                 instr_shape=[16, max(TAIL_DIM, 8), 16])
+        else:
+            s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                               instr_shape=[16, BLOCK_N // 2, 16])
+            dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                                instr_shape=[16, HEAD_DIM // 2, 16])
+            dqt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                                 instr_shape=[16, max(TAIL_DIM // 2, 8), 16])
         TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
         b, q_start, k_start, seqlen_q, seqlen_k, i_h, m0, off, j0, n_blocks, live, _ = _query_block(
@@ -234,12 +251,17 @@ if gluon is not None:
                            s_layout)
             dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok, ))
             # dS with the softmax scale folded in: dQ needs no final scaling
-            ds_smem.store((p * (dp * sm_scale - gl.expand_dims(delta_scaled, 1))).to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()             # dS from both warpgroups is in ds_smem
-            dq_tok = warpgroup_mma(ds_smem, k_smem.index(slot), dq, is_async=True)
+            ds = (p * (dp * sm_scale - gl.expand_dims(delta_scaled, 1))).to(dtype)
+            if QUERY_SPLIT:                 # this warpgroup's dS rows, from registers
+                ds_a = gl.convert_layout(ds, gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2))
+            else:
+                ds_smem.store(ds)
+                fence_async_shared()
+                gl.thread_barrier()         # dS from both warpgroups is in ds_smem
+                ds_a = ds_smem
+            dq_tok = warpgroup_mma(ds_a, k_smem.index(slot), dq, is_async=True)
             if TAIL_DIM > 0:
-                dqt_tok = warpgroup_mma(ds_smem, smem[8].index(slot), dqt, is_async=True)
+                dqt_tok = warpgroup_mma(ds_a, smem[8].index(slot), dqt, is_async=True)
                 dq, dqt = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, dqt_tok))
             else:
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ))
@@ -284,7 +306,7 @@ if gluon is not None:
         # wide, loaded at column HEAD_DIM (= 128); else unused. Grid (cdiv(seqlen_q, BLOCK_M) * batch * nheads_q,).
         # num_warps = 8 is the consumer (the default partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
-        gl.static_assert(BLOCK_M == 64)
+        gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128)
         gl.static_assert(TAIL_DIM == 0 or not IS_VARLEN)
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
@@ -293,7 +315,10 @@ if gluon is not None:
         v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
         lse_smem = _alloc_vector_rows(1, BLOCK_M).index(0)
         delta_smem = _alloc_vector_rows(1, BLOCK_M).index(0)
-        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
+        if BLOCK_M == 128:
+            ds_smem = q_smem                 # never used: dS stays in registers (_dq_consumer, QUERY_SPLIT)
+        else:
+            ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
         q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         do_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -340,29 +365,38 @@ if gluon is not None:
 _VEC_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2) if gluon is not None else None
 
 
-def vector_geometry(q, block_m, varlen):
+def vector_geometry(q, block_m, varlen, rows_block=0):
     """(shape, strides, box, layout) of the lse2 / delta descriptors over flash_bwd_preprocess.hopper_backward_inputs's
-    rows, one per (batch, query head): [batch * nheads_q, vector_rows], varlen [nheads_q, vector_rows]; boxes
-    [1, block_m]."""
-    rows = vector_rows(q.shape[-3], block_m, None if varlen is None else varlen[0] - 1)
+    rows, one per (batch, query head): [batch * nheads_q, vector_rows], varlen [nheads_q, vector_rows] (rounded as
+    the preprocess's rows_block, default block_m); boxes [1, block_m]."""
+    rows = vector_rows(q.shape[-3], rows_block or block_m, None if varlen is None else varlen[0] - 1)
     entries = q.shape[-2] * (1 if varlen is not None else q.shape[0])
     return [entries, rows], [rows, 1], [1, block_m], _VEC_LAYOUT
 
-# 64 queries x 64 keys, K / V in two stages: Q + dO 64 KB, K / V 128 KB, dS 8 KB of shared memory at head dim 256
-# (at 192, 128 + 64 columns: 48 + 96 + 8 KB).
-DQ_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, num_warps=8)
+# TAIL_DIM -> config. 64 queries x 64 keys, K / V in two stages: Q + dO 64 KB, K / V 128 KB, dS 8 KB of shared memory
+# at head dim 256. At 129..192 (128 + 32 / 64 columns) 128 queries, split by queries over the warpgroups: Q + dO 80 /
+# 96 KB, K / V 80 / 96 KB.
+DQ_CONFIGS = {0: dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, num_warps=8),
+              32: dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=2, num_warps=8),
+              64: dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=2, num_warps=8)}
+
+
+def dq_config(tail: int) -> dict:
+    """The dQ pass's config for flash_bwd_hopper's TAIL_DIM (0: head dims padded to 256)."""
+    return dict(DQ_CONFIGS[tail])
 
 
 def hopper_backward_dq(dout, q, k, v, lse2, delta, dq, *, qk_scale, sm_scale, window_left, window_right,
                        bottom_right, tail=0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
                        max_seqlen_k=0):
     """Write dq (shaped like q, contiguous; q's dtype or fp32) from validated inputs, lse2 / delta as
-    flash_bwd_preprocess.hopper_backward_inputs makes them with block_m = DQ_CONFIG's BLOCK_M, through the plan
+    flash_bwd_preprocess.hopper_backward_inputs makes them with rows rounded to a multiple of dq_config(tail)'s
+    BLOCK_M, through the plan
     kept for this call signature. tail: 0 (head dims padded as kernel_head_dim says), or 32 / 64 (129..160 /
     161..192 as 128 + tail columns, flash_bwd_hopper's TAIL_DIM). Varlen as flash_bwd_hopper.hopper_backward."""
     varlen = None if cu_seqlens_q is None else (cu_seqlens_q.numel(), max_seqlen_q, max_seqlen_k)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dq.dtype, window_left,
-           window_right, bottom_right, tail, varlen, launch_device())
+           window_right, bottom_right, tail, tuple(DQ_CONFIGS[tail].items()), varlen, launch_device())
     plan = _PLANS.get(key, lambda: _DqPlan(q, k, v, dout, dq, window_left, window_right, bottom_right, tail,
                                            varlen))
     cu_q, cu_k = (lse2, lse2) if varlen is None else (cu_seqlens_q, cu_seqlens_k)
@@ -380,7 +414,7 @@ class _DqPlan:
         kernel_dim = 128 if tail else kernel_head_dim(head_dim) or head_dim
         width = tail or kernel_dim
         nheads_q, nheads_k = q.shape[-2], k.shape[-2]
-        cfg = dict(DQ_CONFIG)
+        cfg = dq_config(tail)
         block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
         if varlen is None:
             batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]

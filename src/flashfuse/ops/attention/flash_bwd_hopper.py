@@ -495,6 +495,14 @@ def hopper_backward_config(head_dim: int, varlen: bool = False):
     return None if config is None else dict(config)
 
 
+def vector_block(config) -> int:
+    """What lse2 / delta's rows are rounded up to: the largest query block that reads them (this kernel's, and with
+    DQ_PASS the dQ pass's; powers of two)."""
+    if config["DQ_PASS"]:
+        return max(config["BLOCK_M"], flash_bwd_dq_hopper.dq_config(config["TAIL_DIM"])["BLOCK_M"])
+    return config["BLOCK_M"]
+
+
 def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_scale, window_right,
                     bottom_right, config, window_left=-1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
                     max_seqlen_k=0):
@@ -505,7 +513,7 @@ def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_
     call signature (_BackwardPlan)."""
     varlen = None if cu_seqlens_q is None else (cu_seqlens_q.numel(), max_seqlen_q, max_seqlen_k)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dk.dtype, window_left,
-           window_right, bottom_right, tuple(config.items()), varlen, launch_device())
+           window_right, bottom_right, tuple(config.items()), vector_block(config), varlen, launch_device())
     plan = _PLANS.get(key, lambda: _BackwardPlan(q, k, v, dout, dk, window_left, window_right, bottom_right, config,
                                                  varlen))
     cu_q, cu_k = (lse2, lse2) if varlen is None else (cu_seqlens_q, cu_seqlens_k)
@@ -535,7 +543,7 @@ class _BackwardPlan:
             entries, rows, heads, strides = packed_geometry(t, varlen)
             return sequence_geometry(entries, rows, heads, head_dim, strides, box, dtype, width)
 
-        vec = vector_geometry(q, block_m, varlen)
+        vec = vector_geometry(q, block_m, varlen, vector_block(config))
         dq_acc = torch.empty(q.shape, dtype=torch.float32, device="meta")       # contiguous, shaped like q
         width = tail or kernel_dim
         self.descriptors = [       # (shape, strides, box, layout) of q, k, v, dout, lse2, delta, dq_acc, dk, dv,
@@ -572,14 +580,13 @@ def gluon_backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, windo
     varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                   max_seqlen_k=max_seqlen_k)
     delta, lse2, dq_acc = hopper_backward_inputs(out, dout, lse, config["BLOCK_M"], cu_seqlens_q=cu_seqlens_q,
-                                                 max_seqlen_q=max_seqlen_q)
+                                                 max_seqlen_q=max_seqlen_q, rows_block=vector_block(config))
     grad_dtype = torch.float32 if fp32_grads else k.dtype
     dk, dv = (empty_packed(t.shape, grad_dtype, t.device, cu_seqlens_k) for t in (k, v))
     scales = dict(qk_scale=softmax_scale * LOG2E, sm_scale=softmax_scale, window_right=window_right,
                   bottom_right=bottom_right, window_left=window_left)
     hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, config=config, **scales, **varlen)
     if config["DQ_PASS"]:
-        assert config["BLOCK_M"] == flash_bwd_dq_hopper.DQ_CONFIG["BLOCK_M"]       # lse2 / delta rows
         dq = empty_packed(q.shape, torch.float32 if fp32_grads else q.dtype, q.device, cu_seqlens_q)
         flash_bwd_dq_hopper.hopper_backward_dq(dout, q, k, v, lse2, delta, dq, tail=config["TAIL_DIM"], **scales,
                                                **varlen)

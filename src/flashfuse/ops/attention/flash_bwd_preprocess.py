@@ -63,9 +63,11 @@ def vector_rows(seqlen_q: int, block_m: int, nseq: int | None = None) -> int:
     return cdiv(seqlen_q + (0 if nseq is None else 4 * nseq), block_m) * block_m
 
 
-def hopper_backward_inputs(out, dout, lse, block_m: int, cu_seqlens_q=None, max_seqlen_q: int = 0):
+def hopper_backward_inputs(out, dout, lse, block_m: int, cu_seqlens_q=None, max_seqlen_q: int = 0,
+                           rows_block: int = 0):
     """The preprocess for flash_bwd_hopper: (delta, lse2 = lse * log2(e), dq_acc). delta and lse2 are
-    [batch * nheads_q, rows] fp32 with rows = seqlen_q rounded up to block_m, 0 past seqlen_q (the kernel reads
+    [batch * nheads_q, rows] fp32 with rows = seqlen_q rounded up to rows_block (default block_m, the tiles this
+    kernel takes; the Gluon kernels' largest query block, a multiple of it), 0 past seqlen_q (the kernels read
     whole query blocks); dq_acc is the zeroed fp32 dQ buffer, shaped like out. Varlen (out, dout (total_q, heads,
     head_dim), lse (heads, total_q), cu_seqlens_q int32): delta, lse2 [nheads_q, vector_rows], sequence b's rows
     from column cu_seqlens_q[b] rounded up to 4, plus 4 b (every TMA box 16-byte aligned), 0 elsewhere; dq_acc zeroed
@@ -74,7 +76,7 @@ def hopper_backward_inputs(out, dout, lse, block_m: int, cu_seqlens_q=None, max_
     varlen = cu_seqlens_q is not None
     if varlen:
         (total, nheads_q, head_dim), batch, seqlen_q = out.shape, cu_seqlens_q.numel() - 1, max_seqlen_q
-        rows = vector_rows(total, block_m, batch)
+        rows = vector_rows(total, rows_block or block_m, batch)
         delta = torch.zeros((nheads_q, rows), dtype=torch.float32, device=out.device)
         dq_acc = torch.zeros(out.shape, dtype=torch.float32, device=out.device)
         grid = (cdiv(seqlen_q, block_m), batch * nheads_q)
@@ -82,7 +84,7 @@ def hopper_backward_inputs(out, dout, lse, block_m: int, cu_seqlens_q=None, max_
                    *dq_acc.stride()[:2])
     else:
         batch, seqlen_q, nheads_q, head_dim = out.shape
-        rows = vector_rows(seqlen_q, block_m)
+        rows = vector_rows(seqlen_q, rows_block or block_m)
         delta = torch.empty((batch * nheads_q, rows), dtype=torch.float32, device=out.device)
         dq_acc = torch.empty(out.shape, dtype=torch.float32, device=out.device)
         grid = (rows // block_m, batch * nheads_q)
@@ -91,7 +93,7 @@ def hopper_backward_inputs(out, dout, lse, block_m: int, cu_seqlens_q=None, max_
     lse2 = torch.zeros_like(delta) if varlen else torch.empty_like(delta)
     # The launch's plan per call signature (ops/_triton.PlanCache): pointer alignments are part of its specialization.
     key = (out.shape, out.stride(), dout.stride(), lse.stride(), out.dtype, dout.dtype, out.data_ptr() % 16,
-           dout.data_ptr() % 16, lse.data_ptr() % 16, block_m, varlen and (batch, seqlen_q), launch_device())
+           dout.data_ptr() % 16, lse.data_ptr() % 16, block_m, rows, varlen and (batch, seqlen_q), launch_device())
     launch, sizes = _PREPROCESS_PLANS.get(key, lambda: (
         Launch(_launch_preprocess, grid, IS_VARLEN=varlen, WRITE_LSE2=True, BLOCK_M=block_m,
                BLOCK_D=next_power_of_2(head_dim)),
