@@ -224,6 +224,8 @@ def test_hopper_backward_plan(monkeypatch):
         assert flash_bwd._hopper_plan(packed, packed, packed, packed, deterministic=False, extras=False) == \
             packed_config
     assert all(configs[d]["DQ_PASS"] for d in (160, 192, 256)) and not configs[128]["DQ_PASS"]
+    # lse2 / delta rows rounded to the largest query block reading them: the dQ pass's 128 rows at 129..192
+    assert [hopper.vector_block(configs[d]) for d in (64, 128, 160, 192, 256)] == [128, 64, 128, 128, 64]
     assert (configs[160]["TAIL_DIM"], configs[192]["TAIL_DIM"], configs[256]["TAIL_DIM"]) == (32, 64, 0)
     q32 = q.float()
     assert flash_bwd._hopper_plan(q32, q32, q32, q32, deterministic=False, extras=False) is None
@@ -233,10 +235,12 @@ def test_hopper_backward_plan(monkeypatch):
 
 
 @pytest.mark.parametrize("seqlen_q, block_m", [(77, 64), (128, 64), (1, 32)])
-def test_hopper_backward_inputs(monkeypatch, seqlen_q, block_m):
+@pytest.mark.parametrize("rows_block", [0, 128])
+def test_hopper_backward_inputs(monkeypatch, seqlen_q, block_m, rows_block):
     """The preprocess in flash_bwd_hopper's layout: delta = rowsum(dO * O) and lse2 = lse * log2(e) as
-    [batch * nheads, seqlen_q rounded up to block_m] rows, exactly 0 in the padding (a whole query block is
-    read; +inf lse of rows with no key stays +inf), and the fp32 dQ buffer zeroed (it is filled with NaN first)."""
+    [batch * nheads, seqlen_q rounded up to block_m (or rows_block: the dQ pass's 128-row blocks)] rows, exactly 0
+    in the padding (a whole query block is read; +inf lse of rows with no key stays +inf), and the fp32 dQ buffer
+    zeroed (it is filled with NaN first)."""
     from flashfuse.ops.attention import flash_bwd_preprocess
 
     out, dout = torch.randn(2, seqlen_q, 3, 40), torch.randn(2, seqlen_q, 3, 40)
@@ -244,10 +248,10 @@ def test_hopper_backward_inputs(monkeypatch, seqlen_q, block_m):
     lse[0, 1, 0] = float("inf")
     empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))  # no zero by accident
-    delta, lse2, dq_acc = flash_bwd_preprocess.hopper_backward_inputs(out, dout, lse, block_m)
+    delta, lse2, dq_acc = flash_bwd_preprocess.hopper_backward_inputs(out, dout, lse, block_m, rows_block=rows_block)
     monkeypatch.undo()
     assert dq_acc.shape == out.shape and dq_acc.dtype == torch.float32 and (dq_acc == 0).all()
-    rows = -(-seqlen_q // block_m) * block_m
+    rows = -(-seqlen_q // (rows_block or block_m)) * (rows_block or block_m)
     assert delta.shape == lse2.shape == (6, rows)
     ref_delta = (out.double() * dout.double()).sum(-1).transpose(1, 2).reshape(6, seqlen_q)
     torch.testing.assert_close(delta[:, :seqlen_q].double(), ref_delta, rtol=1e-5, atol=1e-5)
