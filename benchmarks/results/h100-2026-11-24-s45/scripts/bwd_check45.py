@@ -1,6 +1,7 @@
 """Offline sm_90 compile (triton 3.6: PYTHONPATH=/tmp/t36) of the Gluon backward kernels (dK / dV and the dQ pass):
 registers, spills, shared memory and a hash of the PTX without debug lines and without parameter declarations / loads
-(the tail descriptors add four parameters to each kernel). Usage: python bwd_check44.py SRC [old|tail|all]:
+(the tail descriptors add four parameters to each kernel). Usage: python bwd_check45.py SRC [old|tail|all]
+(session 45: the dQ pass's BLOCK_M / V_STAGES from dq_config, or DQ_BM / DQ_VST from the environment):
 old = the 16 variants of session 40's bwd_check.py (hd64 / 128 / 256, causal or not, dense or varlen, and the
 hd256 dQ pass); tail = head dims 160 / 192 as 128 + 32 / 64 columns (both kernels, causal or not, bf16 / fp32 grads)."""
 import hashlib, os, re, subprocess, sys, tempfile, time
@@ -73,7 +74,7 @@ def dq_kernel(head_dim, causal, varlen, fp32=False):
     bm = int(os.environ.get("DQ_BM", "0")) or DQ.dq_config({160: 32, 192: 64, 256: 0}[head_dim])["BLOCK_M"]
     width, tail = {160: (128, 32), 192: (128, 64), 256: (256, 0)}[head_dim]
     const = dict(HAS_LEFT=False, HAS_RIGHT=causal, BOTTOM_RIGHT=True, IS_VARLEN=varlen, BLOCK_M=bm, BLOCK_N=bn,
-                 HEAD_DIM=width, NUM_STAGES=2, Q_SMEM=H._smem_layout([bm, width], dtype),
+                 HEAD_DIM=width, NUM_STAGES=2, V_STAGES=int(os.environ.get("DQ_VST", "0")) or DQ.dq_config({160: 32, 192: 64, 256: 0}[head_dim])["V_STAGES"], Q_SMEM=H._smem_layout([bm, width], dtype),
                  KV_SMEM=H._smem_layout([bn, width], dtype), DS_SMEM=H._smem_layout([bm, bn], dtype), TAIL_DIM=tail,
                  QT_SMEM=H._smem_layout([bm, tail or width], dtype), KVT_SMEM=H._smem_layout([bn, tail or width], dtype),
                  num_warps=8)

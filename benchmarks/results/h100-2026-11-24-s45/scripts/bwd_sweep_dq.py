@@ -1,4 +1,4 @@
-"""Session 45: the Gluon backward at head dims 160 / 192 with the dQ pass on 128 query rows split by queries (dQ from
+"""Session 45: the Gluon backward at head dims 160 / 192 (and 256: DIMS=256, V in one slot) with the dQ pass on 128 query rows split by queries (dQ from
 the dS registers) vs 64 rows split by keys (session 44's), vs cuDNN's backward, bf16, 16384 tokens, heads =
 round(2048 / hd).
 flashfuse timed as flash_bwd.flash_attn_backward (preprocess, dK / dV kernel, dQ pass) CUDA-graph; cuDNN as SDPA's
@@ -12,8 +12,9 @@ from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper as B, flash_bwd_
 TABLE = {d: dict(c) for d, c in B.HOPPER_BWD_CONFIGS.items()}
 DQ0 = {t: dict(c) for t, c in DQ.DQ_CONFIGS.items()}
 VARIANTS = {
-    "dq64": lambda d: (dict(TABLE[d]), dict(DQ0[TABLE[d]["TAIL_DIM"]], BLOCK_M=64)),
-    "dq128": lambda d: (dict(TABLE[d]), dict(DQ0[TABLE[d]["TAIL_DIM"]], BLOCK_M=128)),
+    "dq64": lambda d: (dict(TABLE[d]), dict(DQ0[TABLE[d]["TAIL_DIM"]], BLOCK_M=64, V_STAGES=2)),
+    "dq128": lambda d: (dict(TABLE[d]), dict(DQ0[TABLE[d]["TAIL_DIM"]], BLOCK_M=128,
+                                             V_STAGES=1 if TABLE[d]["TAIL_DIM"] == 0 else 2)),
 }
 dims = [int(x) for x in os.environ.get("DIMS", "160,192").split(",")]
 seqs = [int(x) for x in os.environ.get("SEQS", "1024,2048,4096").split(",")]

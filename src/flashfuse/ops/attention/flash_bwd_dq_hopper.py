@@ -12,11 +12,12 @@ split: each program owns BLOCK_M queries of one query head and walks the key blo
     dS  = P * (dP - delta) * scale
     dQ += dS K_j                  [BLOCK_M, D]         in registers
 
-At 129..192 (128 + 32 / 64 columns) a program takes 128 queries, each warpgroup its own 64 rows x all BLOCK_N keys, so
-that dS is already in the registers of the warpgroup whose dQ rows it makes (the A operand of dS K: no dS tile, one
-CTA barrier a block; session 45: the whole backward 1.08-1.12x). At 193..256 that does not fit (Q + dO 128 KB, dQ 128
-registers a thread): 64 queries, the warpgroups BLOCK_N / 2 keys each for S and dP, dS through shared memory, each
-warpgroup half of the head dim of dQ.
+A program takes 128 queries, each warpgroup its own 64 rows x all BLOCK_N keys, so that dS is already in the
+registers of the warpgroup whose dQ rows it makes (the A operand of dS K: no dS tile, one CTA barrier a block; with 64
+rows split by keys, S and dP were m64n32 wgmmas asking 1.5x what shared memory delivers). At 193..256 (Q + dO 128 KB)
+V takes one slot of its own (V_STAGES), released once dP is done, K two. Session 45: the whole backward 1.08-1.12x
+at 129..192, 1.05-1.10x at 256. (BLOCK_M = 64 splits S and dP by keys over the warpgroups and passes dS through
+shared memory, each warpgroup half of the head dim of dQ.)
 
 then stores dQ once: S and dP are recomputed (7 products over both passes instead of 5) and nothing is reduced
 across programs, so dQ is also the same bits run to run. A producer warp loads Q, dO and their lse2 / delta rows once
@@ -135,15 +136,16 @@ if gluon is not None:
     def _dq_producer(descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr,
-                     zfill):
+                     zfill, V_STAGES: gl.constexpr):
         """One warp: Q + lse2 and dO + delta once, then K_j and V_j into slot j % NUM_STAGES once it is free.
         Varlen: K / V boxes reaching past cu_seqlens_k[-1] get those rows zeroed as flash_bwd_hopper's producer
         does (Q / dO rows past the sequence reach only their own dQ rows, which are not stored). TAIL_DIM: each
         tile's columns past HEAD_DIM in a second box on the same barrier (q, k, v, dO: descs[6:10] into
-        smem[7:11])."""
+        smem[7:11]). V_STAGES < NUM_STAGES: V_j into its own ring's slot j % V_STAGES once v_empty says the consumer's
+        dP of the slot's last block is done."""
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc = descs[:6]
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem = smem[:7]
-        q_ready, do_ready, k_ready, v_ready, empty = bars
+        q_ready, do_ready, k_ready, v_ready, empty, v_empty = bars
         nheads_q, group, seqlen_q, seqlen_k = shape
         k_end = _packed_end(cu_seqlens[1], gl.num_programs(0) // (gl.cdiv(seqlen_q, BLOCK_M) * nheads_q), IS_VARLEN)
         zphase = 0
@@ -168,11 +170,14 @@ if gluon is not None:
         for j in range(n_blocks):
             slot = j % NUM_STAGES
             mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)      # the first pass finds slots free
+            v_slot = j % V_STAGES
             k_row = k_start + (j0 + j) * BLOCK_N
             if IS_VARLEN and k_row + BLOCK_N > k_end:
                 zphase = _load_zeroed(k_desc, [b, k_row, i_hk, 0], k_smem.index(slot), k_ready.index(slot),
                                       BLOCK_N * HEAD_DIM * 2, zfill, zphase, k_end - k_row)
-                zphase = _load_zeroed(v_desc, [b, k_row, i_hk, 0], v_smem.index(slot), v_ready.index(slot),
+                if V_STAGES < NUM_STAGES:
+                    mbarrier.wait(v_empty.index(v_slot), ((j // V_STAGES) & 1) ^ 1)
+                zphase = _load_zeroed(v_desc, [b, k_row, i_hk, 0], v_smem.index(v_slot), v_ready.index(v_slot),
                                       BLOCK_N * HEAD_DIM * 2, zfill, zphase, k_end - k_row)
             else:
                 mbarrier.expect(k_ready.index(slot), BLOCK_N * (HEAD_DIM + TAIL_DIM) * 2)
@@ -181,26 +186,28 @@ if gluon is not None:
                 if TAIL_DIM > 0:
                     tma.async_copy_global_to_shared(descs[7], [b, k_row, i_hk, HEAD_DIM], k_ready.index(slot),
                                                     _tma_box(smem[8].index(slot), descs[7]))
-                mbarrier.expect(v_ready.index(slot), BLOCK_N * (HEAD_DIM + TAIL_DIM) * 2)
-                tma.async_copy_global_to_shared(v_desc, [b, k_row, i_hk, 0], v_ready.index(slot),
-                                                _tma_box(v_smem.index(slot), v_desc))
+                if V_STAGES < NUM_STAGES:
+                    mbarrier.wait(v_empty.index(v_slot), ((j // V_STAGES) & 1) ^ 1)
+                mbarrier.expect(v_ready.index(v_slot), BLOCK_N * (HEAD_DIM + TAIL_DIM) * 2)
+                tma.async_copy_global_to_shared(v_desc, [b, k_row, i_hk, 0], v_ready.index(v_slot),
+                                                _tma_box(v_smem.index(v_slot), v_desc))
                 if TAIL_DIM > 0:
-                    tma.async_copy_global_to_shared(descs[8], [b, k_row, i_hk, HEAD_DIM], v_ready.index(slot),
-                                                    _tma_box(smem[9].index(slot), descs[8]))
+                    tma.async_copy_global_to_shared(descs[8], [b, k_row, i_hk, HEAD_DIM], v_ready.index(v_slot),
+                                                    _tma_box(smem[9].index(v_slot), descs[8]))
 
     @gluon.jit
     def _dq_consumer(smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, HAS_LEFT: gl.constexpr,
                      HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                     TAIL_DIM: gl.constexpr):
+                     TAIL_DIM: gl.constexpr, V_STAGES: gl.constexpr):
         """Eight warps: the schedule in the module docstring, two CTA barriers a key block (dS stored; the block's
         products done, before its slot and ds_smem are reused). TAIL_DIM > 0: Q's, K's, V's and dO's columns past
         HEAD_DIM in tiles of their own (smem[7:11]), S and dP each the sum of two wgmma groups, dQ two accumulators,
         HEAD_DIM and TAIL_DIM wide. BLOCK_M = 128 (QUERY_SPLIT): each warpgroup its own 64 query rows x all BLOCK_N
         keys, so its dS rows are the A operand of its own dQ rows (from registers: no dS tile, one CTA barrier a
-        block)."""
+        block). V_STAGES < NUM_STAGES: V's slot released once both warpgroups' dP is done (K's at the block's end)."""
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem = smem[:7]
-        q_ready, do_ready, k_ready, v_ready, empty = bars
+        q_ready, do_ready, k_ready, v_ready, empty, v_empty = bars
         nheads_q, group, seqlen_q, seqlen_k = shape
         dtype: gl.constexpr = q_smem.dtype
         QUERY_SPLIT: gl.constexpr = BLOCK_M == 128
@@ -240,16 +247,21 @@ if gluon is not None:
             s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             if TAIL_DIM > 0:
                 s_tok = warpgroup_mma(smem[7], smem[8].index(slot).permute((1, 0)), s_tok, is_async=True)
-            mbarrier.wait(v_ready.index(slot), phase)
-            dp_tok = warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            v_slot = j % V_STAGES
+            mbarrier.wait(v_ready.index(v_slot), (j // V_STAGES) & 1)
+            dp_tok = warpgroup_mma(do_smem, v_smem.index(v_slot).permute((1, 0)), zero_s, use_acc=False,
+                                   is_async=True)
             if TAIL_DIM > 0:
-                dp_tok = warpgroup_mma(smem[10], smem[9].index(slot).permute((1, 0)), dp_tok, is_async=True)
+                dp_tok = warpgroup_mma(smem[10], smem[9].index(v_slot).permute((1, 0)), dp_tok, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(s_tok, ))
             p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
             # (varlen: rows past the sequence's end need no mask here: their dQ rows are not stored)
             p = _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, False, BLOCK_M, BLOCK_N,
                            s_layout)
             dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok, ))
+            if V_STAGES < NUM_STAGES:
+                gl.thread_barrier()         # both warpgroups' dP is done: V's slot is free
+                mbarrier.arrive(v_empty.index(v_slot), count=1)
             # dS with the softmax scale folded in: dQ needs no final scaling
             ds = (p * (dp * sm_scale - gl.expand_dims(delta_scaled, 1))).to(dtype)
             if QUERY_SPLIT:                 # this warpgroup's dS rows, from registers
@@ -295,7 +307,7 @@ if gluon is not None:
         BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr,
         KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, TAIL_DIM: gl.constexpr, QT_SMEM: gl.constexpr,
-        KVT_SMEM: gl.constexpr, num_warps: gl.constexpr,
+        KVT_SMEM: gl.constexpr, V_STAGES: gl.constexpr, num_warps: gl.constexpr,
     ):
         # Host-side TMA descriptors as flash_bwd_hopper's: q, do [batch, seqlen_q, nheads_q, head_dim] (boxes
         # [1, BLOCK_M, 1, HEAD_DIM]), k, v [batch, seqlen_k, nheads_k, head_dim] (boxes [1, BLOCK_N, 1, HEAD_DIM]),
@@ -307,12 +319,13 @@ if gluon is not None:
         # num_warps = 8 is the consumer (the default partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
         gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128)
+        gl.static_assert(V_STAGES <= NUM_STAGES)
         gl.static_assert(TAIL_DIM == 0 or not IS_VARLEN)
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
         do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
         k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
-        v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
+        v_smem = gl.allocate_shared_memory(dtype, [V_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
         lse_smem = _alloc_vector_rows(1, BLOCK_M).index(0)
         delta_smem = _alloc_vector_rows(1, BLOCK_M).index(0)
         if BLOCK_M == 128:
@@ -322,14 +335,21 @@ if gluon is not None:
         q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         do_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_ready, count=1)
         mbarrier.init(do_ready, count=1)
         for i in gl.static_range(NUM_STAGES):
             mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(v_ready.index(i), count=1)
+            if i < V_STAGES:
+                mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
+        if V_STAGES < NUM_STAGES:           # V in a ring of its own, released after dP (_dq_consumer)
+            v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(V_STAGES):
+                mbarrier.init(v_empty.index(i), count=1)
+        else:
+            v_empty = empty                  # V shares K's slots and their release
         # varlen: the producer zeroes rows past cu_seqlens[-1] (_load_zeroed): 24 registers spilled 32 bytes there
         PRODUCER_REGS: gl.constexpr = 48 if IS_VARLEN else 24
         if IS_VARLEN:       # the producer's own barrier for boxes it zeroes rows of (_hopper_common._zero_rows)
@@ -344,18 +364,18 @@ if gluon is not None:
             descs = descs + (qt_desc, kt_desc, vt_desc, dot_desc)
             smem = smem + (gl.allocate_shared_memory(dtype, [BLOCK_M, TAIL_DIM], QT_SMEM),
                            gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, TAIL_DIM], KVT_SMEM),
-                           gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, TAIL_DIM], KVT_SMEM),
+                           gl.allocate_shared_memory(dtype, [V_STAGES, BLOCK_N, TAIL_DIM], KVT_SMEM),
                            gl.allocate_shared_memory(dtype, [BLOCK_M, TAIL_DIM], QT_SMEM))
-        bars = (q_ready, do_ready, k_ready, v_ready, empty)
+        bars = (q_ready, do_ready, k_ready, v_ready, empty, v_empty)
         shape = (nheads_q, nheads_q // nheads_k, seqlen_q, seqlen_k)
         dq_out = (p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim)
         windows = (window_left, window_right)
         cu_seqlens = (p_cu_seqlens_q, p_cu_seqlens_k)
         gl.warp_specialize([
             (_dq_consumer, (smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT,
-                            BOTTOM_RIGHT, IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM)),
+                            BOTTOM_RIGHT, IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, V_STAGES)),
             (_dq_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                            IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill)),
+                            IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill, V_STAGES)),
         ], [1], [PRODUCER_REGS])
 
     _launch_dq = LaunchCache(_flash_bwd_dq_hopper_kernel)
@@ -373,12 +393,13 @@ def vector_geometry(q, block_m, varlen, rows_block=0):
     entries = q.shape[-2] * (1 if varlen is not None else q.shape[0])
     return [entries, rows], [rows, 1], [1, block_m], _VEC_LAYOUT
 
-# TAIL_DIM -> config. 64 queries x 64 keys, K / V in two stages: Q + dO 64 KB, K / V 128 KB, dS 8 KB of shared memory
-# at head dim 256. At 129..192 (128 + 32 / 64 columns) 128 queries, split by queries over the warpgroups: Q + dO 80 /
-# 96 KB, K / V 80 / 96 KB.
-DQ_CONFIGS = {0: dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, num_warps=8),
-              32: dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=2, num_warps=8),
-              64: dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=2, num_warps=8)}
+# TAIL_DIM -> config: 128 queries x 64 keys, split by queries over the warpgroups. At 129..192 (128 + 32 / 64
+# columns) Q + dO 80 / 96 KB, K / V in two stages 80 / 96 KB; at 193..256 Q + dO 128 KB, K in two slots, V in one
+# (225 KB of shared memory). Session 45 (`results/h100-2026-11-24-s45/c7`, `c9`): the whole backward 1.08-1.12x /
+# 1.05-1.10x the 64-row pass split by keys (BLOCK_M=64, V_STAGES=NUM_STAGES).
+DQ_CONFIGS = {0: dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=2, V_STAGES=1, num_warps=8),
+              32: dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=2, V_STAGES=2, num_warps=8),
+              64: dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=2, V_STAGES=2, num_warps=8)}
 
 
 def dq_config(tail: int) -> dict:

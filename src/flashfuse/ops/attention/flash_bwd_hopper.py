@@ -40,9 +40,9 @@ back edge makes ptxas serialize every wgmma of the kernel; session 44.)
 Measured (benchmarks/NOTES.md, sessions 16, 22, 38 and 45): hd128 0.93-1.03x cuDNN from 1024 keys (H200); hd64 with
 128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x), split
 by queries 1.02-1.07x the same split by keys (session 45);
-hd256 with the dQ pass 0.99-1.08x cuDNN (H100; one pass with atomic dQ: 0.71-0.83x); hd160 / hd192 with the tail
-1.16-1.30x / 1.10-1.22x cuDNN (H100, session 45, the dQ pass split by queries; padded to 256: 0.85-0.97x /
-0.89-1.00x). Varlen (session 40, 16K
+hd256 with the dQ pass 0.99-1.08x cuDNN (H100; one pass with atomic dQ: 0.71-0.83x; the dQ pass split by queries
+1.05-1.10x that, session 45); hd160 / hd192 with the tail 1.16-1.30x / 1.10-1.22x cuDNN (H100, session 45, the dQ pass
+split by queries; padded to 256: 0.85-0.97x / 0.89-1.00x). Varlen (session 40, 16K
 tokens in sequences of [max / 8, max]): 0.97-1.48x flash_bwd's grid at hd64, 1.23-1.32x at hd128, 1.59-1.82x at hd256.
 
 dQ's summation order over key blocks varies run to run (reduce-adds), so deterministic=True keeps flash_bwd's grid,
