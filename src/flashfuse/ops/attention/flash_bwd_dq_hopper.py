@@ -13,11 +13,10 @@ split: each program owns BLOCK_M queries of one query head and walks the key blo
     dQ += dS K_j                  [BLOCK_M, D]         in registers
 
 A program takes 128 queries, each warpgroup its own 64 rows x all BLOCK_N keys, so that dS is already in the
-registers of the warpgroup whose dQ rows it makes (the A operand of dS K: no dS tile, one CTA barrier a block; with 64
-rows split by keys, S and dP were m64n32 wgmmas asking 1.5x what shared memory delivers). At 193..256 (Q + dO 128 KB)
-V takes one slot of its own (V_STAGES), released once dP is done, K two. Session 45: the whole backward 1.08-1.12x
-at 129..192, 1.05-1.10x at 256. (BLOCK_M = 64 splits S and dP by keys over the warpgroups and passes dS through
-shared memory, each warpgroup half of the head dim of dQ.)
+registers of the warpgroup whose dQ rows it makes (the A operand of dS K: no dS tile, one CTA barrier a block). At
+193..256 (Q + dO 128 KB) V takes one slot of its own (V_STAGES), released once dP is done, K two. Session 45: the
+whole backward 1.08-1.12x at 129..192 and 1.05-1.10x at 256 against 64 query rows split by keys over the warpgroups
+(m64n32 wgmmas for S and dP, asking 1.5x what shared memory delivers; dS through shared memory).
 
 then stores dQ once: S and dP are recomputed (7 products over both passes instead of 5) and nothing is reduced
 across programs, so dQ is also the same bits run to run. A producer warp loads Q, dO and their lse2 / delta rows once
@@ -37,8 +36,7 @@ from .flash_fwd_hopper import gluon, kernel_head_dim
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                                  warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
     from ._hopper_common import _load_zeroed, _packed_end, _seq_bounds, _tma_box
 
@@ -141,10 +139,10 @@ if gluon is not None:
         Varlen: K / V boxes reaching past cu_seqlens_k[-1] get those rows zeroed as flash_bwd_hopper's producer
         does (Q / dO rows past the sequence reach only their own dQ rows, which are not stored). TAIL_DIM: each
         tile's columns past HEAD_DIM in a second box on the same barrier (q, k, v, dO: descs[6:10] into
-        smem[7:11]). V_STAGES < NUM_STAGES: V_j into its own ring's slot j % V_STAGES once v_empty says the consumer's
+        smem[6:10]). V_STAGES < NUM_STAGES: V_j into its own ring's slot j % V_STAGES once v_empty says the consumer's
         dP of the slot's last block is done."""
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc = descs[:6]
-        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem = smem[:7]
+        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem = smem[:6]
         q_ready, do_ready, k_ready, v_ready, empty, v_empty = bars
         nheads_q, group, seqlen_q, seqlen_k = shape
         k_end = _packed_end(cu_seqlens[1], gl.num_programs(0) // (gl.cdiv(seqlen_q, BLOCK_M) * nheads_q), IS_VARLEN)
@@ -164,9 +162,9 @@ if gluon is not None:
             tma.async_copy_global_to_shared(delta_desc, [b * nheads_q + i_h, vec0 + m0], do_ready,
                                             _tma_box(delta_smem, delta_desc))
             if TAIL_DIM > 0:
-                tma.async_copy_global_to_shared(descs[6], [b, row, i_h, HEAD_DIM], q_ready, _tma_box(smem[7], descs[6]))
+                tma.async_copy_global_to_shared(descs[6], [b, row, i_h, HEAD_DIM], q_ready, _tma_box(smem[6], descs[6]))
                 tma.async_copy_global_to_shared(descs[9], [b, row, i_h, HEAD_DIM], do_ready,
-                                                _tma_box(smem[10], descs[9]))
+                                                _tma_box(smem[9], descs[9]))
         for j in range(n_blocks):
             slot = j % NUM_STAGES
             mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)      # the first pass finds slots free
@@ -185,7 +183,7 @@ if gluon is not None:
                                                 _tma_box(k_smem.index(slot), k_desc))
                 if TAIL_DIM > 0:
                     tma.async_copy_global_to_shared(descs[7], [b, k_row, i_hk, HEAD_DIM], k_ready.index(slot),
-                                                    _tma_box(smem[8].index(slot), descs[7]))
+                                                    _tma_box(smem[7].index(slot), descs[7]))
                 if V_STAGES < NUM_STAGES:
                     mbarrier.wait(v_empty.index(v_slot), ((j // V_STAGES) & 1) ^ 1)
                 mbarrier.expect(v_ready.index(v_slot), BLOCK_N * (HEAD_DIM + TAIL_DIM) * 2)
@@ -193,38 +191,29 @@ if gluon is not None:
                                                 _tma_box(v_smem.index(v_slot), v_desc))
                 if TAIL_DIM > 0:
                     tma.async_copy_global_to_shared(descs[8], [b, k_row, i_hk, HEAD_DIM], v_ready.index(v_slot),
-                                                    _tma_box(smem[9].index(v_slot), descs[8]))
+                                                    _tma_box(smem[8].index(v_slot), descs[8]))
 
     @gluon.jit
     def _dq_consumer(smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, HAS_LEFT: gl.constexpr,
                      HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                      TAIL_DIM: gl.constexpr, V_STAGES: gl.constexpr):
-        """Eight warps: the schedule in the module docstring, two CTA barriers a key block (dS stored; the block's
-        products done, before its slot and ds_smem are reused). TAIL_DIM > 0: Q's, K's, V's and dO's columns past
-        HEAD_DIM in tiles of their own (smem[7:11]), S and dP each the sum of two wgmma groups, dQ two accumulators,
-        HEAD_DIM and TAIL_DIM wide. BLOCK_M = 128 (QUERY_SPLIT): each warpgroup its own 64 query rows x all BLOCK_N
-        keys, so its dS rows are the A operand of its own dQ rows (from registers: no dS tile, one CTA barrier a
-        block). V_STAGES < NUM_STAGES: V's slot released once both warpgroups' dP is done (K's at the block's end)."""
-        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem = smem[:7]
+        """Eight warps, each warpgroup its own 64 of the BLOCK_M = 128 query rows x all BLOCK_N keys: the schedule in the
+        module docstring, dS K from the warpgroup's own dS registers, one CTA barrier a key block (its products done,
+        before its slot is reused). TAIL_DIM > 0: Q's, K's, V's and dO's columns past HEAD_DIM in tiles of their own
+        (smem[6:10]), S and dP each the sum of two wgmma groups, dQ two accumulators, HEAD_DIM and TAIL_DIM wide.
+        V_STAGES < NUM_STAGES: V's slot released once both warpgroups' dP is done (K's at the block's end)."""
+        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem = smem[:6]
         q_ready, do_ready, k_ready, v_ready, empty, v_empty = bars
         nheads_q, group, seqlen_q, seqlen_k = shape
         dtype: gl.constexpr = q_smem.dtype
-        QUERY_SPLIT: gl.constexpr = BLOCK_M == 128
-        if QUERY_SPLIT:
-            s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
-                                                               instr_shape=[16, BLOCK_N, 16])
-            dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
-                                                                instr_shape=[16, HEAD_DIM, 16])
-            dqt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
-                                                                 instr_shape=[16, max(TAIL_DIM, 8), 16])
-        else:
-            s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                               instr_shape=[16, BLOCK_N // 2, 16])
-            dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                                instr_shape=[16, HEAD_DIM // 2, 16])
-            dqt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                                 instr_shape=[16, max(TAIL_DIM // 2, 8), 16])
+        # S, dP [BLOCK_M, BLOCK_N] and dQ [BLOCK_M, D]: warpgroup w rows 64 w.. (warps [8, 1])
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                            instr_shape=[16, HEAD_DIM, 16])
+        dqt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                             instr_shape=[16, max(TAIL_DIM, 8), 16])
         TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
         b, q_start, k_start, seqlen_q, seqlen_k, i_h, m0, off, j0, n_blocks, live, _ = _query_block(
@@ -246,13 +235,13 @@ if gluon is not None:
             mbarrier.wait(k_ready.index(slot), phase)
             s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             if TAIL_DIM > 0:
-                s_tok = warpgroup_mma(smem[7], smem[8].index(slot).permute((1, 0)), s_tok, is_async=True)
+                s_tok = warpgroup_mma(smem[6], smem[7].index(slot).permute((1, 0)), s_tok, is_async=True)
             v_slot = j % V_STAGES
             mbarrier.wait(v_ready.index(v_slot), (j // V_STAGES) & 1)
             dp_tok = warpgroup_mma(do_smem, v_smem.index(v_slot).permute((1, 0)), zero_s, use_acc=False,
                                    is_async=True)
             if TAIL_DIM > 0:
-                dp_tok = warpgroup_mma(smem[10], smem[9].index(v_slot).permute((1, 0)), dp_tok, is_async=True)
+                dp_tok = warpgroup_mma(smem[9], smem[8].index(v_slot).permute((1, 0)), dp_tok, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(s_tok, ))
             p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
             # (varlen: rows past the sequence's end need no mask here: their dQ rows are not stored)
@@ -264,20 +253,14 @@ if gluon is not None:
                 mbarrier.arrive(v_empty.index(v_slot), count=1)
             # dS with the softmax scale folded in: dQ needs no final scaling
             ds = (p * (dp * sm_scale - gl.expand_dims(delta_scaled, 1))).to(dtype)
-            if QUERY_SPLIT:                 # this warpgroup's dS rows, from registers
-                ds_a = gl.convert_layout(ds, gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2))
-            else:
-                ds_smem.store(ds)
-                fence_async_shared()
-                gl.thread_barrier()         # dS from both warpgroups is in ds_smem
-                ds_a = ds_smem
+            ds_a = gl.convert_layout(ds, gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2))
             dq_tok = warpgroup_mma(ds_a, k_smem.index(slot), dq, is_async=True)
             if TAIL_DIM > 0:
-                dqt_tok = warpgroup_mma(ds_a, smem[8].index(slot), dqt, is_async=True)
+                dqt_tok = warpgroup_mma(ds_a, smem[7].index(slot), dqt, is_async=True)
                 dq, dqt = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, dqt_tok))
             else:
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ))
-            gl.thread_barrier()             # every warp's products of this block are done: its slot and ds_smem
+            gl.thread_barrier()             # every warp's products of this block are done: its slot is free
             mbarrier.arrive(empty.index(slot), count=1)
         _store_dq(dq, dq_out, b, q_start, i_h, m0, seqlen_q, 0, dq_layout, IS_VARLEN)
         if TAIL_DIM > 0:
@@ -306,7 +289,7 @@ if gluon is not None:
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
         BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr,
-        KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, TAIL_DIM: gl.constexpr, QT_SMEM: gl.constexpr,
+        KV_SMEM: gl.constexpr, TAIL_DIM: gl.constexpr, QT_SMEM: gl.constexpr,
         KVT_SMEM: gl.constexpr, V_STAGES: gl.constexpr, num_warps: gl.constexpr,
     ):
         # Host-side TMA descriptors as flash_bwd_hopper's: q, do [batch, seqlen_q, nheads_q, head_dim] (boxes
@@ -318,7 +301,7 @@ if gluon is not None:
         # wide, loaded at column HEAD_DIM (= 128); else unused. Grid (cdiv(seqlen_q, BLOCK_M) * batch * nheads_q,).
         # num_warps = 8 is the consumer (the default partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
-        gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128)
+        gl.static_assert(BLOCK_M == 128)     # two warpgroups of 64 query rows
         gl.static_assert(V_STAGES <= NUM_STAGES)
         gl.static_assert(TAIL_DIM == 0 or not IS_VARLEN)
         dtype: gl.constexpr = q_desc.dtype
@@ -328,10 +311,6 @@ if gluon is not None:
         v_smem = gl.allocate_shared_memory(dtype, [V_STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
         lse_smem = _alloc_vector_rows(1, BLOCK_M).index(0)
         delta_smem = _alloc_vector_rows(1, BLOCK_M).index(0)
-        if BLOCK_M == 128:
-            ds_smem = q_smem                 # never used: dS stays in registers (_dq_consumer, QUERY_SPLIT)
-        else:
-            ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
         q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         do_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -359,7 +338,7 @@ if gluon is not None:
             zfill = q_ready                  # never used
 
         descs = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc)
-        smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem)
+        smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem)
         if TAIL_DIM > 0:        # the columns past HEAD_DIM of Q, K, V, dO: tiles like the main ones', TAIL_DIM wide
             descs = descs + (qt_desc, kt_desc, vt_desc, dot_desc)
             smem = smem + (gl.allocate_shared_memory(dtype, [BLOCK_M, TAIL_DIM], QT_SMEM),
@@ -459,7 +438,7 @@ class _DqPlan:
             HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right,
             IS_VARLEN=varlen is not None, BLOCK_M=block_m,
             BLOCK_N=block_n, HEAD_DIM=kernel_dim, Q_SMEM=_smem_layout([block_m, kernel_dim], q.dtype),
-            KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype), DS_SMEM=_smem_layout([block_m, block_n], q.dtype),
+            KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype),
             TAIL_DIM=tail, QT_SMEM=_smem_layout([block_m, width], q.dtype),
             KVT_SMEM=_smem_layout([block_n, width], q.dtype), **cfg)
 
