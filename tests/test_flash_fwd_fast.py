@@ -259,6 +259,44 @@ def test_hopper_backward_inputs(monkeypatch, seqlen_q, block_m, rows_block):
     assert (delta[:, seqlen_q:] == 0).all() and (lse2[:, seqlen_q:] == 0).all()
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128, 160, 192, 256])
+def test_hopper_backward_vector_descriptors(head_dim, varlen):
+    """The Gluon backward's plans (built on the CPU; nothing launched) read lse2 / delta through descriptors over the
+    rows the preprocess made with rows_block=vector_block(config): whole boxes of each kernel's query block."""
+    from flashfuse.ops.attention import flash_bwd_dq_hopper, flash_bwd_preprocess
+    from flashfuse.ops.attention import flash_bwd_hopper as hopper
+
+    config = hopper.hopper_backward_config(head_dim, varlen)
+    x = torch.randn(2, 77, 3, head_dim, dtype=torch.bfloat16)
+    lse = torch.randn(2, 3, 77)
+    extra, shape = {}, None
+    if varlen:
+        cu = torch.tensor([0, 77, 154], dtype=torch.int32)
+        x, lse, extra, shape = x.flatten(0, 1), lse.transpose(0, 1).flatten(1), \
+            dict(cu_seqlens_q=cu, max_seqlen_q=77), (cu.numel(), 77, 77)
+    delta, lse2, _ = flash_bwd_preprocess.hopper_backward_inputs(x, x, lse, config["BLOCK_M"], **extra,
+                                                                 rows_block=hopper.vector_block(config))
+    plan = hopper._BackwardPlan(x, x, x, x, torch.empty_like(x), lse2, -1, -1, True, config, shape)
+    assert plan.descriptors[4] == plan.descriptors[5] and plan.descriptors[4][0] == list(lse2.shape)
+    assert plan.descriptors[4][2] == [1, config["BLOCK_M"]]
+    if config["DQ_PASS"]:
+        dq_plan = flash_bwd_dq_hopper._DqPlan(x, x, x, x, torch.empty_like(x), lse2, -1, -1, True,
+                                              config["TAIL_DIM"], shape)
+        block = flash_bwd_dq_hopper.dq_config(config["TAIL_DIM"])["BLOCK_M"]
+        assert dq_plan.descriptors[4][0] == list(lse2.shape) and dq_plan.descriptors[4][2] == [1, block]
+        assert lse2.shape[1] % block == 0
+
+
+def test_hopper_backward_inputs_rows_block():
+    """Rows rounded to a rows_block that is no multiple of the preprocess's block would leave rows unwritten."""
+    from flashfuse.ops.attention import flash_bwd_preprocess
+
+    out = torch.randn(1, 70, 2, 40)
+    with pytest.raises(ValueError, match="rows_block=96 must be a multiple of block_m=64"):
+        flash_bwd_preprocess.hopper_backward_inputs(out, out, torch.randn(1, 2, 70), 64, rows_block=96)
+
+
 def test_hopper_backward_inputs_varlen(monkeypatch):
     """Varlen (packed (total, heads, head_dim), lse (heads, total)): delta and lse2 [nheads, vector_rows], sequence
     b's rows from column cu_seqlens[b] rounded up to 4, plus 4 b (TMA boxes of fp32 start 16-byte aligned; an empty

@@ -12,26 +12,24 @@ split: each program owns BLOCK_M queries of one query head and walks the key blo
     dS  = P * (dP - delta) * scale
     dQ += dS K_j                  [BLOCK_M, D]         in registers
 
-A program takes 128 queries, each warpgroup its own 64 rows x all BLOCK_N keys, so that dS is already in the
-registers of the warpgroup whose dQ rows it makes (the A operand of dS K: no dS tile, one CTA barrier a block). At
-193..256 (Q + dO 128 KB) V takes one slot of its own (V_STAGES), released once dP is done, K two. Session 45: the
-whole backward 1.08-1.12x at 129..192 and 1.05-1.10x at 256 against 64 query rows split by keys over the warpgroups
-(m64n32 wgmmas for S and dP, asking 1.5x what shared memory delivers; dS through shared memory).
-
 then stores dQ once: S and dP are recomputed (7 products over both passes instead of 5) and nothing is reduced
-across programs, so dQ is also the same bits run to run. A producer warp loads Q, dO and their lse2 / delta rows once
-and streams K_j / V_j through NUM_STAGES slots. Scope and masks as flash_bwd_hopper (lse2 / delta from
-flash_bwd_preprocess.hopper_backward_inputs; rows with no visible key: lse2 = +inf, so P = 0 and dQ = 0). Head dims
-129..160 / 161..192 compute 128 columns plus a 32- / 64-column tail (TAIL_DIM) as flash_bwd_hopper's kernel does
-(session 44), 193..256 at 256. (Leaving block j's dQ product in flight while block j + 1's S and dP are issued, one CTA
-barrier a block instead of two, made ptxas serialize every wgmma: 0.8x; benchmarks/NOTES.md, session 44.)
+across programs, so dQ is also the same bits run to run. A program takes BLOCK_M = 128 queries, each warpgroup its own
+64 rows x all BLOCK_N keys, so that dS is already in the registers of the warpgroup whose dQ rows it makes (the A
+operand of dS K: no dS tile, one CTA barrier a block at the block's end). A producer warp loads Q, dO and their lse2 /
+delta rows once and streams K_j through NUM_STAGES slots and V_j through V_STAGES: at 193..256 (Q + dO 128 KB) V has
+one slot of its own, released (a second CTA barrier) once both warpgroups' dP is done. Session 45: the whole backward
+1.08-1.12x at 129..192 and 1.06-1.11x at 256 against 64 query rows split by keys over the warpgroups (m64n32 wgmmas
+for S and dP, asking 1.5x what shared memory delivers; dS through shared memory). Scope and masks as
+flash_bwd_hopper (lse2 / delta from flash_bwd_preprocess.hopper_backward_inputs; rows with no visible key: lse2 =
++inf, so P = 0 and dQ = 0). Head dims 129..160 / 161..192 compute 128 columns plus a 32- / 64-column tail (TAIL_DIM)
+as flash_bwd_hopper's kernel does (session 44), 193..256 at 256. (Session 44, on the 64-row pass: leaving block j's
+dQ product in flight while block j + 1's S and dP are issued made ptxas serialize every wgmma: 0.8x.)
 """
 
 from __future__ import annotations
 
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device
 from ._hopper_common import _smem_layout, packed_geometry, sequence_geometry
-from .flash_bwd_preprocess import vector_rows
 from .flash_fwd_hopper import gluon, kernel_head_dim
 
 if gluon is not None:
@@ -116,8 +114,9 @@ if gluon is not None:
         if HAS_LEFT:
             need_mask = need_mask | (n0 < m0 + BLOCK_M - 1 + off - window_left)
         if need_mask:
-            # Indices relative to m0, which changes every step: key indices that do not would be hoisted out of the
-            # step loop (a register each, 32 at hd64's query split, which ptxas then spilled; session 45).
+            # Indices relative to m0: in flash_bwd_hopper's step loop m0 changes every step and n0 does not, and key
+            # indices n0 + arange were hoisted out of that loop (a register each, 32 at hd64's query split, which
+            # ptxas then spilled; session 45).
             queries = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))                 # query - m0
             keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)) + (n0 - m0)      # key - m0
             visible = gl.expand_dims(keys < seqlen_k - m0, 0)
@@ -198,9 +197,9 @@ if gluon is not None:
                      HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                      TAIL_DIM: gl.constexpr, V_STAGES: gl.constexpr):
-        """Eight warps, each warpgroup its own 64 of the BLOCK_M = 128 query rows x all BLOCK_N keys: the schedule in the
-        module docstring, dS K from the warpgroup's own dS registers, one CTA barrier a key block (its products done,
-        before its slot is reused). TAIL_DIM > 0: Q's, K's, V's and dO's columns past HEAD_DIM in tiles of their own
+        """Eight warps, each warpgroup its own 64 of the BLOCK_M = 128 query rows x all BLOCK_N keys: the schedule in
+        the module docstring, dS K from the warpgroup's own dS registers, one CTA barrier a key block (its products
+        done, before its slot is reused). TAIL_DIM > 0: Q's, K's, V's and dO's columns past HEAD_DIM in tiles of their own
         (smem[6:10]), S and dP each the sum of two wgmma groups, dQ two accumulators, HEAD_DIM and TAIL_DIM wide.
         V_STAGES < NUM_STAGES: V's slot released once both warpgroups' dP is done (K's at the block's end)."""
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem = smem[:6]
@@ -364,18 +363,18 @@ if gluon is not None:
 _VEC_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2) if gluon is not None else None
 
 
-def vector_geometry(q, block_m, varlen, rows_block=0):
+def vector_geometry(vec, block_m):
     """(shape, strides, box, layout) of the lse2 / delta descriptors over flash_bwd_preprocess.hopper_backward_inputs's
-    rows, one per (batch, query head): [batch * nheads_q, vector_rows], varlen [nheads_q, vector_rows] (rounded as
-    the preprocess's rows_block, default block_m); boxes [1, block_m]."""
-    rows = vector_rows(q.shape[-3], rows_block or block_m, None if varlen is None else varlen[0] - 1)
-    entries = q.shape[-2] * (1 if varlen is not None else q.shape[0])
+    rows as given (contiguous [batch * nheads_q, rows], varlen [nheads_q, rows]; rows a multiple of block_m); boxes
+    [1, block_m]."""
+    entries, rows = vec.shape
+    assert vec.is_contiguous() and rows % block_m == 0, (tuple(vec.shape), block_m)
     return [entries, rows], [rows, 1], [1, block_m], _VEC_LAYOUT
 
 # TAIL_DIM -> config: 128 queries x 64 keys, split by queries over the warpgroups. At 129..192 (128 + 32 / 64
 # columns) Q + dO 80 / 96 KB, K / V in two stages 80 / 96 KB; at 193..256 Q + dO 128 KB, K in two slots, V in one
 # (225 KB of shared memory). Session 45 (`results/h100-2026-11-24-s45/c7`, `c9`): the whole backward 1.08-1.12x /
-# 1.05-1.10x the 64-row pass split by keys (BLOCK_M=64, V_STAGES=NUM_STAGES).
+# 1.06-1.11x the 64-row pass split by keys (BLOCK_M=64, V_STAGES=NUM_STAGES).
 DQ_CONFIGS = {0: dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=2, V_STAGES=1, num_warps=8),
               32: dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=2, V_STAGES=2, num_warps=8),
               64: dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=2, V_STAGES=2, num_warps=8)}
@@ -390,14 +389,15 @@ def hopper_backward_dq(dout, q, k, v, lse2, delta, dq, *, qk_scale, sm_scale, wi
                        bottom_right, tail=0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
                        max_seqlen_k=0):
     """Write dq (shaped like q, contiguous; q's dtype or fp32) from validated inputs, lse2 / delta as
-    flash_bwd_preprocess.hopper_backward_inputs makes them with rows rounded to a multiple of dq_config(tail)'s
-    BLOCK_M, through the plan
+    flash_bwd_preprocess.hopper_backward_inputs makes them (rows a multiple of dq_config(tail)'s BLOCK_M), through the
+    plan
     kept for this call signature. tail: 0 (head dims padded as kernel_head_dim says), or 32 / 64 (129..160 /
     161..192 as 128 + tail columns, flash_bwd_hopper's TAIL_DIM). Varlen as flash_bwd_hopper.hopper_backward."""
     varlen = None if cu_seqlens_q is None else (cu_seqlens_q.numel(), max_seqlen_q, max_seqlen_k)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dq.dtype, window_left,
-           window_right, bottom_right, tail, tuple(DQ_CONFIGS[tail].items()), varlen, launch_device())
-    plan = _PLANS.get(key, lambda: _DqPlan(q, k, v, dout, dq, window_left, window_right, bottom_right, tail,
+           window_right, bottom_right, tail, tuple(DQ_CONFIGS[tail].items()), tuple(lse2.shape), varlen,
+           launch_device())
+    plan = _PLANS.get(key, lambda: _DqPlan(q, k, v, dout, dq, lse2, window_left, window_right, bottom_right, tail,
                                            varlen))
     cu_q, cu_k = (lse2, lse2) if varlen is None else (cu_seqlens_q, cu_seqlens_k)
     plan(dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, cu_q, cu_k)
@@ -409,7 +409,7 @@ _PLANS = PlanCache()
 class _DqPlan:
     """Grid, descriptor geometry and constexprs of one call signature (as flash_bwd_hopper._BackwardPlan)."""
 
-    def __init__(self, q, k, v, dout, dq, window_left, window_right, bottom_right, tail, varlen):
+    def __init__(self, q, k, v, dout, dq, lse2, window_left, window_right, bottom_right, tail, varlen):
         head_dim = q.shape[-1]
         kernel_dim = 128 if tail else kernel_head_dim(head_dim) or head_dim
         width = tail or kernel_dim
@@ -425,7 +425,7 @@ class _DqPlan:
             entries, rows, heads, strides = packed_geometry(t, varlen)
             return sequence_geometry(entries, rows, heads, head_dim, strides, box, q.dtype, width)
 
-        vec = vector_geometry(q, block_m, varlen)
+        vec = vector_geometry(lse2, block_m)
         # q, k, v, dout, lse2, delta, then q, k, v, dout with the tail's boxes (unused without one)
         self.descriptors = [geometry(q, block_m), geometry(k, block_n), geometry(v, block_n), geometry(dout, block_m),
                             vec, vec, geometry(q, block_m, width), geometry(k, block_n, width),

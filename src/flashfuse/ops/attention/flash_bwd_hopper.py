@@ -41,7 +41,7 @@ Measured (benchmarks/NOTES.md, sessions 16, 22, 38 and 45): hd128 0.93-1.03x cuD
 128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x), split
 by queries 1.02-1.07x the same split by keys (session 45);
 hd256 with the dQ pass 0.99-1.08x cuDNN (H100; one pass with atomic dQ: 0.71-0.83x; the dQ pass split by queries
-1.05-1.10x that, session 45); hd160 / hd192 with the tail 1.16-1.30x / 1.10-1.22x cuDNN (H100, session 45, the dQ pass
+1.06-1.11x that, session 45); hd160 / hd192 with the tail 1.16-1.30x / 1.10-1.22x cuDNN (H100, session 45, the dQ pass
 split by queries; padded to 256: 0.85-0.97x / 0.89-1.00x). Varlen (session 40, 16K
 tokens in sequences of [max / 8, max]): 0.97-1.48x flash_bwd's grid at hd64, 1.23-1.32x at hd128, 1.59-1.82x at hd256.
 
@@ -386,7 +386,7 @@ if gluon is not None:
         # Host-side TMA descriptors: q, do [batch, seqlen_q, nheads_q, head_dim] (boxes [1, BLOCK_M, 1, HEAD_DIM]),
         # k, v, dk, dv [batch, seqlen_k, nheads_k, head_dim] (boxes [1, BLOCK_N, 1, HEAD_DIM]), dq: the fp32
         # buffer shaped like q; head_dim <= HEAD_DIM (flash_fwd_hopper.kernel_head_dim: columns past it zero on
-        # loads, dropped on stores); lse2, delta [batch * nheads_q, seqlen_q rounded up to BLOCK_M] fp32 (boxes
+        # loads, dropped on stores); lse2, delta [batch * nheads_q, seqlen_q rounded up to vector_block] fp32 (boxes
         # [1, BLOCK_M]). FP32_GRADS: dk, dv are fp32 (p_dk, p_dv with their strides; the dk / dv descriptors
         # unused). SCORES_T: _bwd_consumer (scores transposed; DS_SMEM for [BLOCK_N, BLOCK_M]), else
         # _bwd_consumer_rows (DS_SMEM for [BLOCK_M, BLOCK_N], also P's layout). DQ_PASS (rows only): dK and dV alone,
@@ -401,7 +401,8 @@ if gluon is not None:
         gl.static_assert(BLOCK_N == 128 or (BLOCK_N == 64 and not SCORES_T))
         gl.static_assert(not (DQ_PASS and SCORES_T))
         gl.static_assert(TAIL_DIM == 0 or (DQ_PASS and not IS_VARLEN))
-        gl.static_assert(SCORES_T or DQ_PASS or BLOCK_M == 128)      # _bwd_consumer_rows's dQ: 2 x 64 query rows
+        # _bwd_consumer_rows's dQ from registers: 2 x 64 query rows, dK / dV rows a warp per 16 keys (kv_layout [8, 1])
+        gl.static_assert(SCORES_T or DQ_PASS or (BLOCK_M == 128 and BLOCK_N == 128))
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
         do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
@@ -509,14 +510,15 @@ def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_
                     max_seqlen_k=0):
     """Launch on validated inputs: q, k, v, dout [batch, seqlen, heads, head dim] (varlen: packed [total, heads,
     head dim] with int32 cu_seqlens_q / _k and the longest lengths) 16-bit with 16-byte aligned strides; lse2, delta
-    from flash_bwd_preprocess.hopper_backward_inputs; dq_acc zeroed fp32 shaped like q; dk, dv contiguous, shaped
+    from flash_bwd_preprocess.hopper_backward_inputs with rows_block=vector_block(config) (the descriptors take their
+    rows as given); dq_acc zeroed fp32 shaped like q; dk, dv contiguous, shaped
     like k, v: k's dtype, or fp32 (then stored from registers without rounding). Through the plan kept for this
     call signature (_BackwardPlan)."""
     varlen = None if cu_seqlens_q is None else (cu_seqlens_q.numel(), max_seqlen_q, max_seqlen_k)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dk.dtype, window_left,
-           window_right, bottom_right, tuple(config.items()), vector_block(config), varlen, launch_device())
-    plan = _PLANS.get(key, lambda: _BackwardPlan(q, k, v, dout, dk, window_left, window_right, bottom_right, config,
-                                                 varlen))
+           window_right, bottom_right, tuple(config.items()), tuple(lse2.shape), varlen, launch_device())
+    plan = _PLANS.get(key, lambda: _BackwardPlan(q, k, v, dout, dk, lse2, window_left, window_right, bottom_right,
+                                                 config, varlen))
     cu_q, cu_k = (lse2, lse2) if varlen is None else (cu_seqlens_q, cu_seqlens_k)
     plan(dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale, cu_q, cu_k)
 
@@ -528,7 +530,7 @@ class _BackwardPlan:
     """What a launch derives from the call's signature alone (grid, descriptor geometry, constexprs, the compiled
     kernel), as flash_fwd_hopper._ForwardPlan: a repeated call builds its 13 descriptors and launches."""
 
-    def __init__(self, q, k, v, dout, dk, window_left, window_right, bottom_right, config, varlen):
+    def __init__(self, q, k, v, dout, dk, lse2, window_left, window_right, bottom_right, config, varlen):
         head_dim = q.shape[-1]
         cfg = dict(config)
         tail = cfg["TAIL_DIM"]          # head dims 129..192: 128 columns, then a tail box (forward_head_dim)
@@ -544,7 +546,7 @@ class _BackwardPlan:
             entries, rows, heads, strides = packed_geometry(t, varlen)
             return sequence_geometry(entries, rows, heads, head_dim, strides, box, dtype, width)
 
-        vec = vector_geometry(q, block_m, varlen, vector_block(config))
+        vec = vector_geometry(lse2, block_m)
         dq_acc = torch.empty(q.shape, dtype=torch.float32, device="meta")       # contiguous, shaped like q
         width = tail or kernel_dim
         self.descriptors = [       # (shape, strides, box, layout) of q, k, v, dout, lse2, delta, dq_acc, dk, dv,

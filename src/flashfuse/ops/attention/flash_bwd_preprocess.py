@@ -72,6 +72,8 @@ def hopper_backward_inputs(out, dout, lse, block_m: int, cu_seqlens_q=None, max_
     head_dim), lse (heads, total_q), cu_seqlens_q int32): delta, lse2 [nheads_q, vector_rows], sequence b's rows
     from column cu_seqlens_q[b] rounded up to 4, plus 4 b (every TMA box 16-byte aligned), 0 elsewhere; dq_acc zeroed
     (its rows outside every sequence too)."""
+    if rows_block % block_m:
+        raise ValueError(f"rows_block={rows_block} must be a multiple of block_m={block_m} (whole query blocks)")
     lse = lse.contiguous()
     varlen = cu_seqlens_q is not None
     if varlen:
