@@ -199,8 +199,9 @@ if gluon is not None:
                      TAIL_DIM: gl.constexpr, V_STAGES: gl.constexpr):
         """Eight warps, each warpgroup its own 64 of the BLOCK_M = 128 query rows x all BLOCK_N keys: the schedule in
         the module docstring, dS K from the warpgroup's own dS registers, one CTA barrier a key block (its products
-        done, before its slot is reused). TAIL_DIM > 0: Q's, K's, V's and dO's columns past HEAD_DIM in tiles of their own
-        (smem[6:10]), S and dP each the sum of two wgmma groups, dQ two accumulators, HEAD_DIM and TAIL_DIM wide.
+        done, before its slot is reused). TAIL_DIM > 0: Q's, K's, V's and dO's columns past HEAD_DIM in tiles of
+        their own (smem[6:10]), S and dP each the sum of two wgmma groups, dQ two accumulators, HEAD_DIM and TAIL_DIM
+        wide.
         V_STAGES < NUM_STAGES: V's slot released once both warpgroups' dP is done (K's at the block's end)."""
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem = smem[:6]
         q_ready, do_ready, k_ready, v_ready, empty, v_empty = bars
@@ -390,8 +391,7 @@ def hopper_backward_dq(dout, q, k, v, lse2, delta, dq, *, qk_scale, sm_scale, wi
                        max_seqlen_k=0):
     """Write dq (shaped like q, contiguous; q's dtype or fp32) from validated inputs, lse2 / delta as
     flash_bwd_preprocess.hopper_backward_inputs makes them (rows a multiple of dq_config(tail)'s BLOCK_M), through the
-    plan
-    kept for this call signature. tail: 0 (head dims padded as kernel_head_dim says), or 32 / 64 (129..160 /
+    plan kept for this call signature. tail: 0 (head dims padded as kernel_head_dim says), or 32 / 64 (129..160 /
     161..192 as 128 + tail columns, flash_bwd_hopper's TAIL_DIM). Varlen as flash_bwd_hopper.hopper_backward."""
     varlen = None if cu_seqlens_q is None else (cu_seqlens_q.numel(), max_seqlen_q, max_seqlen_k)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dq.dtype, window_left,

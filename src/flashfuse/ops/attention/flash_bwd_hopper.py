@@ -39,11 +39,11 @@ back edge makes ptxas serialize every wgmma of the kernel; session 44.)
 
 Measured (benchmarks/NOTES.md, sessions 16, 22, 38 and 45): hd128 0.93-1.03x cuDNN from 1024 keys (H200); hd64 with
 128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x), split
-by queries 1.02-1.07x the same split by keys (session 45);
-hd256 with the dQ pass 0.99-1.08x cuDNN (H100; one pass with atomic dQ: 0.71-0.83x; the dQ pass split by queries
-1.06-1.11x that, session 45); hd160 / hd192 with the tail 1.16-1.30x / 1.10-1.22x cuDNN (H100, session 45, the dQ pass
-split by queries; padded to 256: 0.85-0.97x / 0.89-1.00x). Varlen (session 40, 16K
-tokens in sequences of [max / 8, max]): 0.97-1.48x flash_bwd's grid at hd64, 1.23-1.32x at hd128, 1.59-1.82x at hd256.
+by queries 1.02-1.07x the same split by keys (session 45); hd256 with the dQ pass 0.99-1.08x cuDNN (H100; one pass
+with atomic dQ: 0.71-0.83x; the dQ pass split by queries 1.06-1.11x that, session 45); hd160 / hd192 with the tail
+1.16-1.30x / 1.10-1.22x cuDNN (H100, session 45, the dQ pass split by queries; padded to 256: 0.85-0.97x /
+0.89-1.00x). Varlen (session 40, 16K tokens in sequences of [max / 8, max]): 0.97-1.48x flash_bwd's grid at hd64,
+1.23-1.32x at hd128, 1.59-1.82x at hd256.
 
 dQ's summation order over key blocks varies run to run (reduce-adds), so deterministic=True keeps flash_bwd's grid,
 but at head dims above 128, where nothing is added across programs (DQ_PASS). Scope as flash_fwd_hopper: 16-bit
@@ -511,9 +511,8 @@ def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_
     """Launch on validated inputs: q, k, v, dout [batch, seqlen, heads, head dim] (varlen: packed [total, heads,
     head dim] with int32 cu_seqlens_q / _k and the longest lengths) 16-bit with 16-byte aligned strides; lse2, delta
     from flash_bwd_preprocess.hopper_backward_inputs with rows_block=vector_block(config) (the descriptors take their
-    rows as given); dq_acc zeroed fp32 shaped like q; dk, dv contiguous, shaped
-    like k, v: k's dtype, or fp32 (then stored from registers without rounding). Through the plan kept for this
-    call signature (_BackwardPlan)."""
+    rows as given); dq_acc zeroed fp32 shaped like q; dk, dv contiguous, shaped like k, v: k's dtype, or fp32 (then
+    stored from registers without rounding). Through the plan kept for this call signature (_BackwardPlan)."""
     varlen = None if cu_seqlens_q is None else (cu_seqlens_q.numel(), max_seqlen_q, max_seqlen_k)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dk.dtype, window_left,
            window_right, bottom_right, tuple(config.items()), tuple(lse2.shape), varlen, launch_device())
