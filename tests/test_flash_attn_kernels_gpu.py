@@ -254,12 +254,14 @@ def test_hopper_forward_table_gpu(monkeypatch, headdim, causal, seqlen, dtype):
 @pytest.mark.parametrize("causal", [False, True])
 def test_padded_head_dims_take_gluon_gpu(monkeypatch, headdim, causal):
     """Head dims between 32 and 256 at a shape the tables send to the Gluon kernels: flash_attn_func takes both of them
-    by itself (every Triton kernel removed), computing at 64 / 128 / 256 with the padding done by the TMA boxes, and
+    by itself (every Triton kernel removed), computing at 64 / 128 / 256 with the padding done by the TMA boxes (the
+    forward: 65..96 and 129..192 as a main part plus a tail, forward_head_dim), and
     out, lse and every gradient pass flash-attn's criterion against the fp32 reference."""
     _require_gluon()
     assert flash_fwd_hopper.kernel_head_dim(headdim) == (64 if headdim <= 64 else 128 if headdim <= 128 else 256)
-    assert flash_fwd_hopper.forward_head_dim(headdim) == (160 if 128 < headdim <= 160 else 192 if 160 < headdim <= 192
-                                                          else flash_fwd_hopper.kernel_head_dim(headdim))
+    widths = ((64, 80, 80), (80, 96, 96), (128, 160, 160), (160, 192, 192))     # (above, up to, computed width)
+    assert flash_fwd_hopper.forward_head_dim(headdim) == next(
+        (w for lo, hi, w in widths if lo < headdim <= hi), flash_fwd_hopper.kernel_head_dim(headdim))
     for name in ("_flash_fwd_kernel", "_flash_fwd_fast_kernel"):
         monkeypatch.setattr(flash_fwd, name, None)
     monkeypatch.setattr(flash_bwd, "_flash_bwd_kernel", None)

@@ -162,19 +162,21 @@ def test_hopper_forward_plan():
     assert [hopper.kernel_head_dim(d) for d in (16, 32, 33, 40, 64, 65, 96, 128, 129, 160, 256, 257)] == [
         None, None, 64, 64, 64, 128, 128, 128, 256, 256, 256, None]
     full_128 = hopper.HOPPER_CONFIGS[(128, False)][0][1]
-    assert hopper.hopper_forward_config(96, False, 4096, 4096, 16 * 16, 132) == full_128
+    assert hopper.hopper_forward_config(112, False, 4096, 4096, 16 * 16, 132) == full_128
     assert hopper.hopper_forward_config(40, True, 1024, 1024, 16 * 32, 132) == hopper.HOPPER_CONFIGS[(64, True)][1][1]
     wide = hopper.hopper_forward_config(224, False, 4096, 4096, 16 * 16, 132)            # padded to 256
     assert wide == hopper.HOPPER_CONFIGS[(256, False)][0][1] and wide["O_FROM_REGS"] and wide["BLOCK_N"] == 64
-    # 129..192: 128 columns and a 32- / 64-column tail (forward_head_dim); varlen pads them to 256
-    assert [hopper.forward_head_dim(d) for d in (128, 129, 160, 161, 192, 193, 256)] == [128, 160, 160, 192, 192, 256,
-                                                                                        256]
-    for d, tail in ((144, 32), (160, 32), (176, 64), (192, 64)):
+    # 65..96: 64 columns and a 16- / 32-column tail, 129..192: 128 columns and a 32- / 64-column tail
+    # (forward_head_dim); varlen pads them to 128 / 256
+    assert [hopper.forward_head_dim(d) for d in (64, 65, 72, 80, 81, 96, 97, 128, 129, 160, 161, 192, 193, 256)] == [
+        64, 80, 80, 80, 96, 96, 128, 128, 160, 160, 192, 192, 256, 256]
+    for d, tail in ((72, 16), (80, 16), (88, 32), (96, 32), (144, 32), (160, 32), (176, 64), (192, 64)):
         for causal in (False, True):
             config = hopper.hopper_forward_config(d, causal, 4096, 4096, 16 * 16, 132)
-            assert config["TAIL_DIM"] == tail and config["O_FROM_REGS"], (d, causal)
-    assert hopper.hopper_forward_config(160, True, 4096, 4096, 16 * 16, 132, tail=False)["TAIL_DIM"] == 0
-    assert hopper.varlen_config(160, True, False, 4096, 4096, 16 * 16, 132)["TAIL_DIM"] == 0
+            assert config["TAIL_DIM"] == tail and config["O_FROM_REGS"] == (d > 128), (d, causal)
+    for d in (80, 160):
+        assert hopper.hopper_forward_config(d, True, 4096, 4096, 16 * 16, 132, tail=False)["TAIL_DIM"] == 0
+        assert hopper.varlen_config(d, True, False, 4096, 4096, 16 * 16, 132)["TAIL_DIM"] == 0
     assert hopper.hopper_forward_config(288, False, 4096, 4096, 16 * 16, 132) is None     # no entry
     assert hopper.hopper_forward_config(32, False, 4096, 4096, 16 * 16, 132) is None
     assert hopper.hopper_forward_config(64, False, 1024, 256, 16 * 32, 132) is None       # short key loop

@@ -3,8 +3,8 @@
 Three groups of cases (canonical layout: torch SDPA's (batch, nheads, seqlen, headdim)):
 
 (a) flash-attn's benchmark shapes: model dim 2048 (headdim 64 x 32 heads, 128 x 16), batch x seqlen =
-    16384 tokens, seqlen 512..16384, causal and not, fwd and bwd, bf16 by default; on the GPU also wide heads
-    (160, 192, 256; seqlen 1024..4096) beside cuDNN, FA2 and Flex. Providers: flashfuse
+    16384 tokens, seqlen 512..16384, causal and not, fwd and bwd, bf16 by default; on the GPU also other heads
+    (80, 96, 160, 192, 256; seqlen 1024..4096) beside cuDNN, FA2 and Flex. Providers: flashfuse
     (flash_attn_func, layout (B, S, H, D)), torch SDPA under the cuDNN / flash / efficient backends,
     FlexAttention compiled, and, where they fit in memory and seconds, the naive PyTorch version and
     SDPA's math backend. FLOPs: forward 4*B*H*S*S*D (x0.5 causal), backward 2.5 x forward.
@@ -32,9 +32,9 @@ FA_MODEL_DIM, FA_TOKENS = 2048, 16384
 FA_HEADDIMS = (64, 128)
 FA_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 FA_QUICK_SEQLENS = (1024, 4096)
-# Wide heads (SD-1.5's deepest attention 160, Gemma's 256, 192 between) on the same token count, heads =
-# round(2048 / headdim); GPU only, beside the peers that take them.
-FA_WIDE_HEADDIMS = (160, 192, 256)
+# Other head dims (SD-1.5's 80 and 160, DiT's 72 computed as 80, Phi-3's 96, Gemma's 256, 192 between) on the same
+# token count, heads = round(2048 / headdim); GPU only, beside the peers that take them.
+FA_WIDE_HEADDIMS = (80, 96, 160, 192, 256)
 FA_WIDE_SEQLENS = (1024, 2048, 4096)
 FA_WIDE_QUICK_SEQLENS = (2048,)
 # Packed (varlen) batches: FA_TOKENS tokens as sequences of at most max tokens (lengths drawn in [max / 8, max], the

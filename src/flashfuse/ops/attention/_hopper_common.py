@@ -97,7 +97,7 @@ def _smem_layout_cached(block_shape, dtype):
 
 def sequence_geometry(batch, seqlen, heads, head_dim, strides, box, dtype, box_dim):
     """(shape, strides, box, layout) of the 4-D host-side descriptor over a [batch, seqlen, heads, head_dim] tensor
-    with [1, box, 1, box_dim] boxes (box_dim: kernel_head_dim, or the forward's tail width, its boxes loaded from column
+    with [1, box, 1, box_dim] boxes (box_dim: kernel_head_dim, or a tail's width, its boxes loaded from column 64 /
     128 on) that both Gluon kernels use (rows past seqlen and columns past head_dim zero-filled on loads, dropped on
     stores): host_descriptor's arguments after the tensor."""
     return ([batch, seqlen, heads, head_dim], list(strides), [1, box, 1, box_dim],

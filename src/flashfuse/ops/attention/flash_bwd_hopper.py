@@ -484,8 +484,8 @@ _CONFIG_WIDE = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, SCORES_T=False, DQ_PAS
 # 302 / 339 / 337 (causal 237 / 286 / 315) vs cuDNN's 285 / 333 / 324 (224 / 285 / 333); one pass adding dQ by atomics
 # 230 / 250 / 260 (187 / 222 / 246), the Triton grid 171 / 180 / 187; one pass with no dQ at all 640 at 4K (`c3`).
 # Head dims 129..160 / 161..192 (session 44): the wide config at 128 columns plus a 32- / 64-column tail (TAIL_DIM,
-# as the forward's: forward_head_dim), in both passes.
-HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 128: _CONFIG, 160: dict(_CONFIG_WIDE, TAIL_DIM=32),
+# as the forward's: forward_head_dim), in both passes. 65..96 (the forward's 80 / 96 with a tail) padded to 128.
+HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 80: _CONFIG, 96: _CONFIG, 128: _CONFIG, 160: dict(_CONFIG_WIDE, TAIL_DIM=32),
                       192: dict(_CONFIG_WIDE, TAIL_DIM=64), 256: _CONFIG_WIDE}
 
 

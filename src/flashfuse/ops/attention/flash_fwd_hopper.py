@@ -48,7 +48,8 @@ those between (33..256) padded to them by the TMA boxes alone (kernel_head_dim);
 (O_FROM_REGS: its shared-memory slots do not fit beside Q and K / V). But 129..160 and 161..192 (forward_head_dim,
 session 43): 128 columns plus a TAIL_DIM = 32 / 64 tail, each Q / K / V tile's tail in a box and slots of its own, S
 the sum of two wgmma groups, O two accumulators stored from registers: 160 / 256 and 192 / 256 of the padded work (not
-varlen: its producer zeroing takes one box). Configs: flash_fwd_hopper_configs.py; the tile walk and the softmax step:
+varlen: its producer zeroing takes one box); likewise 65..80 and 81..96 (session 46) as 64 columns plus a 16 / 32
+tail, O's first 64 columns by TMA and the tail's from registers. Configs: flash_fwd_hopper_configs.py; the tile walk and the softmax step:
 flash_fwd_hopper_tiles.py.
 Gluon is triton's lower-level dialect and its API still moves between releases, so this kernel is used only on the
 release it was written and measured against (GLUON_TRITON); flash_fwd falls back to its Triton kernels everywhere
@@ -228,8 +229,9 @@ if gluon is not None:
         (one arrival per warpgroup). Q comes in Q_STAGES slots (with two, the next tile's Q loads while this one
         runs). O leaves through its own shared-memory slot by TMA while the next tile starts, or, O_FROM_REGS (head dims
         padded to 256: no room for the slots), straight from registers (o_out: pointer, strides, head_dim).
-        TAIL_DIM > 0 (head dims 129..192): columns HEAD_DIM.. of Q, K and V in tiles of their own (smem[4:7]), S summed
-        over both parts' products and O held as two accumulators, HEAD_DIM and TAIL_DIM wide (O_FROM_REGS)."""
+        TAIL_DIM > 0 (head dims 65..96, 129..192): columns HEAD_DIM.. of Q, K and V in tiles of their own (smem[4:7]),
+        S summed over both parts' products and O held as two accumulators, HEAD_DIM and TAIL_DIM wide (the tail's
+        stored from registers)."""
         q_desc, k_desc, v_desc, o_desc = descs[:4]
         q_smem, k_smem, v_smem, o_smem = smem[:4]
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
@@ -346,9 +348,6 @@ if gluon is not None:
                 out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
                 if O_FROM_REGS:
                     _store_o_regs(out, o_out, i_b, i_h, q_start, row0, seqlen_q, 0, o_layout)
-                    if TAIL_DIM > 0:      # columns HEAD_DIM.. from the tail's accumulator
-                        out_t = acc_t * gl.expand_dims(gl.convert_layout(1.0 / l_safe, ot_rows), 1)
-                        _store_o_regs(out_t, o_out, i_b, i_h, q_start, row0, seqlen_q, HEAD_DIM, ot_layout)
                 else:
                     o_buf = o_smem.index(WG)
                     tma.store_wait(pendings=0)       # the previous tile's O has left o_buf
@@ -357,6 +356,9 @@ if gluon is not None:
                     gl.thread_barrier()
                     # rows past seqlen_q dropped (not varlen: there they are the next sequence's)
                     tma.async_copy_shared_to_global(o_desc, [i_b, row0, i_h, 0], _tma_box(o_buf, o_desc))
+                if TAIL_DIM > 0:          # columns HEAD_DIM.. from the tail's accumulator
+                    out_t = acc_t * gl.expand_dims(gl.convert_layout(1.0 / l_safe, ot_rows), 1)
+                    _store_o_regs(out_t, o_out, i_b, i_h, q_start, row0, seqlen_q, HEAD_DIM, ot_layout)
                 if SKIP_UNSEEN:
                     for j in range(n_mine, n_blocks):
                         # Released once loaded: the slot's previous use has then been released by every warpgroup, so
@@ -385,7 +387,8 @@ if gluon is not None:
         # Host-side TMA descriptors over q, o [batch, seqlen_q, nheads_q, head_dim] (boxes [1, 64, 1, HEAD_DIM]) and
         # k, v [batch, seqlen_k, nheads_k, head_dim] (boxes [1, BLOCK_N, 1, HEAD_DIM]), head_dim <= HEAD_DIM
         # (kernel_head_dim): rows past a sequence's end and columns past head_dim are zero-filled on loads and dropped
-        # on stores. lse [batch, nheads_q, seqlen_q] fp32. TAIL_DIM > 0 (head dims 129..192 as 128 + 32 / 64 columns):
+        # on stores. lse [batch, nheads_q, seqlen_q] fp32. TAIL_DIM > 0 (head dims 65..96 as 64 + 16 / 32 columns,
+        # 129..192 as 128 + 32 / 64):
         # qt / kt / vt_desc over q / k / v with boxes [1, rows, 1, TAIL_DIM], loaded at column HEAD_DIM; else unused.
         # Grid (min(n_units, SMs),) persistent, else (n_units,): n_units = cdiv(seqlen_q, BLOCK_M) * batch * nheads_q
         # tiles, or PAIRED (persistent causal, an even row-block count) half as many pairs of tiles (_ws_tile).
@@ -393,7 +396,7 @@ if gluon is not None:
         # consumers and the producer warp are the workers.
         gl.static_assert(num_warps == 4)
         gl.static_assert(BLOCK_M == 64 * CONSUMERS)
-        gl.static_assert(TAIL_DIM == 0 or (O_FROM_REGS and not IS_VARLEN))
+        gl.static_assert(TAIL_DIM == 0 or not IS_VARLEN)
         dtype: gl.constexpr = q_desc.dtype
         ROWS: gl.constexpr = 64
         q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS * Q_STAGES, ROWS, HEAD_DIM], Q_SMEM)
@@ -507,8 +510,8 @@ class _ForwardPlan:
             q_strides, k_strides, v_strides, o_strides = ((t[1] * n, *t[1:]) for t, n in (
                 (q_strides, rows_q), (k_strides, rows_k), (v_strides, rows_k), (o_strides, rows_q)))
         cfg = dict(config)
-        tail = cfg.setdefault("TAIL_DIM", 0)    # head dims 129..192: 128 columns, then a tail box (forward_head_dim)
-        kernel_dim = 128 if tail else kernel_head_dim(head_dim) or head_dim
+        tail = cfg.setdefault("TAIL_DIM", 0)    # 65..96 and 129..192: 64 / 128 columns, then a tail box
+        kernel_dim = forward_head_dim(head_dim) - tail if tail else kernel_head_dim(head_dim) or head_dim
         block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
         rows = block_m // cfg["CONSUMERS"]          # 64: one consumer warpgroup's rows
         n_m_blocks = cdiv(seqlen_q, block_m)

@@ -45,6 +45,15 @@ _WIDE = dict(_WARP_SPECIALIZED, BLOCK_N=64, Q_STAGES=1, O_FROM_REGS=True)
 # 447 / 501), padded 423-498, cuDNN 543 / 599 / 632 (412 / 485 / 529). 128-key tiles at hd192 need 240 KB.
 _TAIL_32 = dict(_WARP_SPECIALIZED, BLOCK_N=128, Q_STAGES=1, O_FROM_REGS=True, TAIL_DIM=32)
 _TAIL_64 = dict(_WARP_SPECIALIZED, BLOCK_N=64, Q_STAGES=1, O_FROM_REGS=True, TAIL_DIM=64)
+# Head dims 65..80 and 81..96 (session 46): 64 columns plus a 16- / 32-column tail, instead of 128; O's first 64
+# columns leave through the O slots by TMA, the tail from registers; a third K / V stage. H100, bf16, 16384 tokens,
+# CUDA-graph timed, S = 512 / 1K / 2K / 4K / 8K (`results/h100-2026-11-24-s46/c1`): hd80 409 / 427 / 445 / 464 / 477
+# (padded to 128: 359 / 381 / 391 / 403 / 415; cuDNN 330-406), causal 259 (64-key tiles) / 317 / 377 / 421 / 450 (one Q
+# slot, two stages from 2K: 373 / 405 / 426 with three); hd96 410 / 456 / 496 / 520 / 531 (412 / 438 / 465 / 480 /
+# 486; cuDNN 371-481), causal 263 / 344 / 414 / 464 / 491. hd72 (DiT) as hd80: 1.13-1.20x padded, 1.18-1.24x cuDNN.
+# Three consumers spill (156 / 392 bytes, ptxas offline).
+_NARROW_TAIL_16 = dict(_WARP_SPECIALIZED, NUM_STAGES=3, TAIL_DIM=16)
+_NARROW_TAIL_32 = dict(_WARP_SPECIALIZED, NUM_STAGES=3, TAIL_DIM=32)
 HOPPER_CONFIGS = {
     (64, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
     (64, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
@@ -54,6 +63,13 @@ HOPPER_CONFIGS = {
     (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
                   (1024, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1)),
                   (2048, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1, SPLIT_PV_WAIT=True))),
+    (80, False): ((512, dict(_NARROW_TAIL_16, PERSISTENT=True)), ),
+    (80, True): ((512, dict(_NARROW_TAIL_16, PERSISTENT=True, BLOCK_N=64)),
+                 (1024, dict(_NARROW_TAIL_16, PERSISTENT=True)),
+                 (2048, dict(_NARROW_TAIL_16, PERSISTENT=True, NUM_STAGES=2, Q_STAGES=1))),
+    (96, False): ((512, dict(_NARROW_TAIL_32, PERSISTENT=True)), ),
+    (96, True): ((512, dict(_NARROW_TAIL_32, PERSISTENT=True, BLOCK_N=64)),
+                 (1024, dict(_NARROW_TAIL_32, PERSISTENT=True))),
     (160, False): ((512, dict(_TAIL_32, PERSISTENT=True)), ),
     (160, True): ((512, dict(_TAIL_32, PERSISTENT=True)), ),
     (192, False): ((512, dict(_TAIL_64, PERSISTENT=True)), ),
@@ -65,6 +81,8 @@ HOPPER_CONFIGS = {
 # than Triton's kernel (sessions 15-17: hd128 from 512 keys, hd64 from 4096).
 HOPPER_ODD_CAUSAL_CONFIGS = {
     64: ((4096, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
+    80: ((512, dict(_NARROW_TAIL_16, PERSISTENT=False, Q_STAGES=1)), ),
+    96: ((512, dict(_NARROW_TAIL_32, PERSISTENT=False, Q_STAGES=1)), ),
     128: ((512, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
     160: ((512, dict(_TAIL_32, PERSISTENT=False)), ),
     192: ((512, dict(_TAIL_64, PERSISTENT=False)), ),
@@ -108,7 +126,8 @@ def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: 
 
 def kernel_head_dim(head_dim: int) -> Optional[int]:
     """The head dim that this file's kernel and flash_bwd_hopper's compute with for inputs of head_dim: 64 for 33..64,
-    128 for 65..128, 256 for 129..256, else None (both compute 129..192 narrower, but for varlen: forward_head_dim). The
+    128 for 65..128, 256 for 129..256, else None (the forward computes 65..96 narrower and both compute 129..192
+    narrower, but for varlen: forward_head_dim). The
     descriptors keep the tensors' own head dim with boxes of the kernel's, so TMA zero-fills the padding columns on
     loads and drops them on stores: no copies, and zero columns add nothing to Q K^T, P V or any gradient. SD's head
     dims 40, 80 and 160 and DiT's 72 run so (Triton's kernels there, H100, S = 2048: forward 0.67-0.90x cuDNN, backward
@@ -123,10 +142,15 @@ def kernel_head_dim(head_dim: int) -> Optional[int]:
 
 
 def forward_head_dim(head_dim: int) -> Optional[int]:
-    """The width the forward computes for inputs of head_dim (its HOPPER_CONFIGS key): 160 for 129..160 and 192 for
-    161..192 (128 columns, then a tail box of 32 / 64: TAIL_DIM), else kernel_head_dim's 64 / 128 / 256. The backward
-    (flash_bwd_hopper.HOPPER_BWD_CONFIGS) takes the same widths since session 44; varlen pads 129..256 to 256 in
-    both."""
+    """The width the forward computes for inputs of head_dim (its HOPPER_CONFIGS key): 80 for 65..80 and 96 for 81..96
+    (64 columns, then a tail box of 16 / 32: TAIL_DIM; session 46), 160 for 129..160 and 192 for 161..192 (128 columns,
+    then a tail box of 32 / 64; session 43), else kernel_head_dim's 64 / 128 / 256. The backward
+    (flash_bwd_hopper.HOPPER_BWD_CONFIGS) takes the widths above 128 since session 44 and pads 65..96 to 128; varlen
+    pads as kernel_head_dim says in both."""
+    if 64 < head_dim <= 80:
+        return 80
+    if 80 < head_dim <= 96:
+        return 96
     if 128 < head_dim <= 160:
         return 160
     if 160 < head_dim <= 192:

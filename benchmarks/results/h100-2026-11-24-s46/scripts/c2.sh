@@ -1,0 +1,6 @@
+export PYTHONPATH=$PWD/src
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv
+python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests/test_flash_attn_varlen_gpu.py tests/test_flash_attn_gpu.py tests/test_flash_attn_kernels_gpu.py tests/test_flash_attn_window_gpu.py tests/test_flash_attn_wide_gpu.py tests/test_launch_cache.py tests/test_ring_attention_gpu.py tests/test_hf_attention_gpu.py -k "not slow" > $OUT/tests_c2.log 2>&1
+tail -6 $OUT/tests_c2.log
+TAG=c2 DIMS=80,96 SEQS=1152,4224 python3 -u .gpu/tail_sweep46.py > $OUT/sweep_c2.log 2>&1
+grep causal $OUT/sweep_c2.log
