@@ -270,6 +270,20 @@ def test_padded_head_dims_take_gluon_gpu(monkeypatch, headdim, causal):
     check_attention(partial(flash_ref, causal=causal), {"q": q, "k": k, "v": v}, out, lse=lse, ref_dtype=REF)
 
 
+@pytest.mark.parametrize("headdim", [72, 96, 144, 192])
+def test_odd_causal_tails_take_gluon_gpu(monkeypatch, headdim):
+    """Causal with an odd number of 128-row blocks (HOPPER_ODD_CAUSAL_CONFIGS: one tile per program) at the head dims
+    the forward computes as a main part plus a tail: the Gluon forward by itself, out, lse and every gradient by
+    flash-attn's criterion against the fp32 reference."""
+    _require_gluon()
+    assert flash_fwd_hopper.hopper_forward_config(headdim, True, 1152, 1152, 4 * 16, 132)["TAIL_DIM"] > 0
+    for name in ("_flash_fwd_kernel", "_flash_fwd_fast_kernel"):
+        monkeypatch.setattr(flash_fwd, name, None)
+    q, k, v = rand_qkv(4, 1152, 1152, 16, 8, headdim, dtype=BF16, device="cuda")
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    check_attention(partial(flash_ref, causal=True), {"q": q, "k": k, "v": v}, out, lse=lse, ref_dtype=REF)
+
+
 
 # ----------------------------------------------------------------------------------------------------
 # Gluon backward (flash_bwd_hopper): deterministic=False on Hopper

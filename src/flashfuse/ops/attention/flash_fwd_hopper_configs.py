@@ -50,8 +50,9 @@ _TAIL_64 = dict(_WARP_SPECIALIZED, BLOCK_N=64, Q_STAGES=1, O_FROM_REGS=True, TAI
 # CUDA-graph timed, S = 512 / 1K / 2K / 4K / 8K (`results/h100-2026-11-24-s46/c1`): hd80 409 / 427 / 445 / 464 / 477
 # (padded to 128: 359 / 381 / 391 / 403 / 415; cuDNN 330-406), causal 259 (64-key tiles) / 317 / 377 / 421 / 450 (one Q
 # slot, two stages from 2K: 373 / 405 / 426 with three); hd96 410 / 456 / 496 / 520 / 531 (412 / 438 / 465 / 480 /
-# 486; cuDNN 371-481), causal 263 / 344 / 414 / 464 / 491. hd72 (DiT) as hd80: 1.13-1.20x padded, 1.18-1.24x cuDNN.
-# Three consumers spill (156 / 392 bytes, ptxas offline).
+# 486; cuDNN 371-481), causal 263 / 344 / 414 / 464 / 491. hd72 (DiT) as hd80: 1.12-1.17x padded, 1.16-1.27x cuDNN.
+# Three consumers spill (156 / 392 bytes, ptxas offline). Odd row-block counts (`c2`, S = 1152 / 4224): two stages,
+# hd80 292 / 398 (three: 285 / 399), hd96 314 / 431 (306 / 423; cuDNN 320 / 390).
 _NARROW_TAIL_16 = dict(_WARP_SPECIALIZED, NUM_STAGES=3, TAIL_DIM=16)
 _NARROW_TAIL_32 = dict(_WARP_SPECIALIZED, NUM_STAGES=3, TAIL_DIM=32)
 HOPPER_CONFIGS = {
@@ -81,8 +82,8 @@ HOPPER_CONFIGS = {
 # than Triton's kernel (sessions 15-17: hd128 from 512 keys, hd64 from 4096).
 HOPPER_ODD_CAUSAL_CONFIGS = {
     64: ((4096, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
-    80: ((512, dict(_NARROW_TAIL_16, PERSISTENT=False, Q_STAGES=1)), ),
-    96: ((512, dict(_NARROW_TAIL_32, PERSISTENT=False, Q_STAGES=1)), ),
+    80: ((512, dict(_NARROW_TAIL_16, PERSISTENT=False, Q_STAGES=1, NUM_STAGES=2)), ),
+    96: ((512, dict(_NARROW_TAIL_32, PERSISTENT=False, Q_STAGES=1, NUM_STAGES=2)), ),
     128: ((512, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
     160: ((512, dict(_TAIL_32, PERSISTENT=False)), ),
     192: ((512, dict(_TAIL_64, PERSISTENT=False)), ),
