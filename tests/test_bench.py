@@ -335,7 +335,8 @@ def test_attention_gpu_cases_follow_flash_attn_benchmark_shapes():
     fa = [c for c in cases if c.group.startswith(("hd64 ", "hd128 "))]
     assert len(fa) == 2 * 2 * 2 * 6           # head dims x causal x (fwd, bwd) x seqlens
     wide = [c for c in cases if c.group.startswith("hd") and c not in fa]
-    assert len(wide) == 3 * 2 * 2 * 3         # wide head dims (160, 192, 256) x causal x (fwd, bwd) x seqlens
+    assert len(wide) == 5 * 2 * 2 * 3         # other head dims (80, 96, 160, 192, 256) x causal x (fwd, bwd) x seqlens
+    assert {c.params["D"] for c in wide} == {80, 96, 160, 192, 256}
     for c in wide:
         p = c.params
         assert p["B"] * p["S"] == 16384 and p["H"] == round(2048 / p["D"]) and p["S"] in (1024, 2048, 4096)
