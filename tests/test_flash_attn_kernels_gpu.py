@@ -301,7 +301,8 @@ HOPPER_BWD_SHAPES = [
     (F16, (77, 1), GQA, {"causal": True}),                        # one key
     (BF16, (700, 900), GQA, {"causal": True, "window_size": (150, 0)}),   # a sliding window
 ]
-# 144 / 160 and 176 / 192: 128 columns plus a 32- / 64-column tail (TAIL_DIM), 144 and 176 with zero-filled columns
+# 72 / 80: 64 columns plus a 16-column tail; 144 / 160 and 176 / 192: 128 columns plus a 32- / 64-column tail
+# (TAIL_DIM), 72, 144 and 176 with zero-filled columns
 HOPPER_BWD_CASES = [(d, *shape) for d in (64, 128, 40, 72, 80, 96, 144, 160, 176, 192, 256)
                     for shape in HOPPER_BWD_SHAPES]
 
@@ -312,12 +313,14 @@ HOPPER_BWD_CASES = [(d, *shape) for d in (64, 128, 40, 72, 80, 96, 144, 160, 176
 def test_hopper_backward_gpu(monkeypatch, headdim, dtype, seqlens, heads, opts):
     """The Gluon backward alone (flash_bwd's grid removed) against the fp32 reference by flash-attn's
     criterion: every gradient, ragged ends, causal both ways, a right window, rows with no visible key
-    (their dq exactly 0), GQA / MQA (dk, dv summed over the group); head dims 129..192 in the tail configs."""
+    (their dq exactly 0), GQA / MQA (dk, dv summed over the group); head dims 65..80 and 129..192 in the tail
+    configs."""
     _require_gluon()
     monkeypatch.setattr(flash_bwd, "_flash_bwd_kernel", None)
     q, k, v = rand_qkv(2, *seqlens, *heads, headdim, dtype=dtype, device="cuda")
     plan = flash_bwd._hopper_plan(q, q, k, v, deterministic=False, extras=False)
-    assert plan["TAIL_DIM"] == (32 if 128 < headdim <= 160 else 64 if 160 < headdim <= 192 else 0)
+    assert plan["TAIL_DIM"] == (16 if 64 < headdim <= 80 else 32 if 128 < headdim <= 160 else
+                                64 if 160 < headdim <= 192 else 0)
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
     grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse,
                                              ref_dtype=REF)

@@ -215,7 +215,8 @@ def test_hopper_backward_plan(monkeypatch):
     assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, extras=True) is None
     configs = hopper.HOPPER_BWD_CONFIGS
     for head_dim, config, packed_config in (
-            (40, configs[64], configs[64]), (96, configs[128], configs[128]), (136, configs[160], configs[256]),
+            (40, configs[64], configs[64]), (72, configs[80], configs[128]), (96, configs[128], configs[128]),
+            (112, configs[128], configs[128]), (136, configs[160], configs[256]),
             (160, configs[160], configs[256]), (168, configs[192], configs[256]), (192, configs[192], configs[256]),
             (200, configs[256], configs[256]), (256, configs[256], configs[256]), (24, None, None)):
         qd = torch.empty(2, 256, 4, head_dim, dtype=torch.bfloat16)
@@ -228,7 +229,8 @@ def test_hopper_backward_plan(monkeypatch):
     assert all(configs[d]["DQ_PASS"] for d in (160, 192, 256)) and not configs[128]["DQ_PASS"]
     # lse2 / delta rows rounded to the largest query block reading them: the dQ pass's 128 rows above 128
     assert [hopper.vector_block(configs[d]) for d in (64, 128, 160, 192, 256)] == [128, 64, 128, 128, 128]
-    assert (configs[160]["TAIL_DIM"], configs[192]["TAIL_DIM"], configs[256]["TAIL_DIM"]) == (32, 64, 0)
+    assert [configs[d]["TAIL_DIM"] for d in (64, 80, 96, 128, 160, 192, 256)] == [0, 16, 0, 0, 32, 64, 0]
+    assert configs[80]["SCORES_T"]                                  # 64 + 16 columns in hd128's layout
     q32 = q.float()
     assert flash_bwd._hopper_plan(q32, q32, q32, q32, deterministic=False, extras=False) is None
     assert flash_bwd._hopper_plan(q.float(), q, q, q, deterministic=False, extras=False) is None
@@ -262,7 +264,7 @@ def test_hopper_backward_inputs(monkeypatch, seqlen_q, block_m, rows_block):
 
 
 @pytest.mark.parametrize("varlen", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128, 160, 192, 256])
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 160, 192, 256])
 def test_hopper_backward_vector_descriptors(head_dim, varlen):
     """The Gluon backward's plans (built on the CPU; nothing launched) read lse2 / delta through descriptors over the
     rows the preprocess made with rows_block=vector_block(config): whole boxes of each kernel's query block."""
@@ -282,6 +284,11 @@ def test_hopper_backward_vector_descriptors(head_dim, varlen):
     plan = hopper._BackwardPlan(x, x, x, x, torch.empty_like(x), lse2, -1, -1, True, config, shape)
     assert plan.descriptors[4] == plan.descriptors[5] and plan.descriptors[4][0] == list(lse2.shape)
     assert plan.descriptors[4][2] == [1, config["BLOCK_M"]]
+    # the tail's boxes (q, k, v, dout, then the fp32 dQ buffer's) start at the main width's column
+    tail = 0 if varlen else config["TAIL_DIM"]
+    width = plan.descriptors[0][2][3]
+    assert width == (hopper.kernel_head_dim(head_dim) if not tail else hopper.forward_head_dim(head_dim) - tail)
+    assert [d[2][3] for d in plan.descriptors[9:]] == [tail or width] * 5 and len(plan.descriptors) == 14
     if config["DQ_PASS"]:
         dq_plan = flash_bwd_dq_hopper._DqPlan(x, x, x, x, torch.empty_like(x), lse2, -1, -1, True,
                                               config["TAIL_DIM"], shape)

@@ -35,7 +35,9 @@ by atomics (the TMA reduce-add's fp32 slots do not fit beside two Q / dO stages)
 columns plus a 32- / 64-column tail (TAIL_DIM, as the forward: each Q / K / V / dO tile's columns past 128 in a box and
 tiles of their own; session 44), 193..256 are padded to 256; varlen pads 129..256 to 256. (Leaving a step's dV / dK
 in flight while the next step's S / dP are issued measured 0.75-0.82x: an accumulator in flight across the loop's
-back edge makes ptxas serialize every wgmma of the kernel; session 44.)
+back edge makes ptxas serialize every wgmma of the kernel; session 44.) 65..80 take _bwd_consumer at 64 columns plus
+a 16-column tail, dQ's tail reduce-added through fp32 slots and a descriptor of its own (session 46); 81..128 are
+padded to 128.
 
 Measured (benchmarks/NOTES.md, sessions 16, 22, 38 and 45): hd128 0.93-1.03x cuDNN from 1024 keys (H200); hd64 with
 128-row blocks 0.96-1.04x without a mask and 1.00-1.08x causal (H100; 64-row blocks: 0.87-1.01x / 0.90-1.08x), split
@@ -177,11 +179,15 @@ if gluon is not None:
     def _bwd_consumer(descs, smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale,
                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                       IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+                      HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr):
         """Eight warps (two warpgroups of BLOCK_N / 2 keys each): the schedule in the module docstring. The slot
-        is released once every product reading it is done; dQ_j leaves through one of two fp32 slots."""
-        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs
-        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
+        is released once every product reading it is done; dQ_j leaves through one of two fp32 slots. TAIL_DIM > 0
+        (head dims 65..80 as 64 + 16 columns): Q's, K's, V's and dO's columns past HEAD_DIM in tiles of their own
+        (smem[8:12]), S^T and dP^T each the sum of two wgmma groups, dK, dV and dQ_j two accumulators each (dQ_j's
+        tail through its own fp32 slots, smem[12], and descriptor, descs[13]), dK / dV's tails stored from
+        registers."""
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs[:9]
+        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem[:8]
         kv_ready, q_ready, do_ready, empty = bars
         nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
         dtype: gl.constexpr = q_smem.dtype
@@ -192,6 +198,12 @@ if gluon is not None:
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                             instr_shape=[16, HEAD_DIM // 2, 16])
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+        kvt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                             instr_shape=[16, max(TAIL_DIM, 8), 16])
+        dqt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                             instr_shape=[16, max(TAIL_DIM // 2, 8), 16])
+        opt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kvt_layout, k_width=2)
+        TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
         cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)      # one value per query (column)
         window_left, window_right = windows
         b, q_start, k_start, seqlen_q, seqlen_k, i_hk, n0, off, m_first, n_steps, live, _ = _key_block(
@@ -202,6 +214,10 @@ if gluon is not None:
         zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        if TAIL_DIM > 0:
+            zero_dqt = gl.zeros([BLOCK_M, TAIL_DIM], gl.float32, layout=dqt_layout)
+            dkt = gl.zeros([BLOCK_N, TAIL_DIM], gl.float32, layout=kvt_layout)
+            dvt = gl.zeros([BLOCK_N, TAIL_DIM], gl.float32, layout=kvt_layout)
         if live:
             mbarrier.wait(kv_ready, 0)
         for i in range(group * n_steps):
@@ -212,9 +228,13 @@ if gluon is not None:
             do = do_smem.index(slot)
             mbarrier.wait(q_ready.index(slot), phase)
             st_tok = warpgroup_mma(k_smem, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if TAIL_DIM > 0:
+                st_tok = warpgroup_mma(smem[9], smem[8].index(slot).permute((1, 0)), st_tok, is_async=True)
             mbarrier.wait(do_ready.index(slot), phase)
             dpt_tok = warpgroup_mma(v_smem, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok, ))
+            if TAIL_DIM > 0:
+                dpt_tok = warpgroup_mma(smem[10], smem[11].index(slot).permute((1, 0)), dpt_tok, is_async=True)
+            st = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(st_tok, ))
             lse2 = lse_smem.index(slot).load(cols_layout)
             pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
             # Keys past seqlen_k (zero-filled K rows; varlen: the next sequence's) and, under a right window, keys
@@ -239,24 +259,39 @@ if gluon is not None:
                 pt = gl.where(visible, pt, 0.0)
             pt_op = gl.convert_layout(pt.to(dtype), op_layout)
             dv_tok = warpgroup_mma(pt_op, do, dv, is_async=True)
-            dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt_tok, ))       # dV still running
+            if TAIL_DIM > 0:
+                dvt_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), opt_layout), smem[11].index(slot), dvt,
+                                        is_async=True)
+            dpt = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(dpt_tok, ))       # dV still running
             delta = delta_smem.index(slot).load(cols_layout)
             # dS^T with the softmax scale folded in (dK and dQ both carry it): scale * dP^T - scale * delta is an FMA.
             dst = (pt * (dpt * sm_scale - gl.expand_dims(delta * sm_scale, 0))).to(dtype)
             ds_smem.store(dst)
             dst_op = gl.convert_layout(dst, op_layout)
             dk_tok = warpgroup_mma(dst_op, q, dk, is_async=True)
+            if TAIL_DIM > 0:
+                dkt_tok = warpgroup_mma(gl.convert_layout(dst, opt_layout), smem[8].index(slot), dkt, is_async=True)
             fence_async_shared()
             gl.thread_barrier()             # both warpgroups' dS^T rows are in ds_smem
             dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True)
-            dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dq_tok))
             # dQ_i -> dq_smem[i % 2], whose last reader (the reduce-add of dQ_{i-2}) the wait below at the end of
             # step i - 1 saw done. (Storing dQ_{i-1} while S^T_i and dP^T_i run instead spills at hd128 and measured
             # slower at hd64: session 16.)
-            _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, b, q_start + m0, i_h)
+            if TAIL_DIM > 0:
+                dqt_tok = warpgroup_mma(ds_smem.permute((1, 0)), smem[9], zero_dqt, use_acc=False, is_async=True)
+                dv, dk, dq, dvt, dkt, dqt = warpgroup_mma_wait(
+                    num_outstanding=0, deps=(dv_tok, dk_tok, dq_tok, dvt_tok, dkt_tok, dqt_tok))
+                _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, b, q_start + m0, i_h, dqt, smem[12], descs[13],
+                             HEAD_DIM, TAIL_DIM)
+            else:
+                dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dq_tok))
+                _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, b, q_start + m0, i_h, dq, dq_smem, dq_desc,
+                             HEAD_DIM, 0)
         if live:
             _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, b, k_start, i_hk, n0, seqlen_k, kv_layout,
                         FP32_GRADS, IS_VARLEN, BLOCK_N, HEAD_DIM)
+            if TAIL_DIM > 0:            # columns HEAD_DIM.. from registers
+                _store_dkdv_rows(dkt, dvt, fp32_out, b, k_start, i_hk, n0, seqlen_k, HEAD_DIM, kvt_layout, IS_VARLEN)
 
     @gluon.jit
     def _bwd_consumer_rows(descs, smem, p_smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale,
@@ -362,7 +397,8 @@ if gluon is not None:
                 mbarrier.arrive(empty.index(slot), count=1)
             else:
                 dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, dq_tok))
-                _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, b, q_start + m0, i_h)
+                _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, b, q_start + m0, i_h, dq, dq_smem, dq_desc,
+                             HEAD_DIM, 0)
         if live:
             if TAIL_DIM > 0:            # both parts from registers (K / V's tiles are HEAD_DIM wide)
                 _store_dkdv_rows(dk, dv, fp32_out, b, k_start, i_hk, n0, seqlen_k, 0, kv_layout, IS_VARLEN)
@@ -375,13 +411,14 @@ if gluon is not None:
     @gluon.jit
     def _flash_bwd_hopper_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc, qt_desc, kt_desc, vt_desc,
-        dot_desc, p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim, p_cu_seqlens_q, p_cu_seqlens_k,
+        dot_desc, dqt_desc, p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim, p_cu_seqlens_q, p_cu_seqlens_k,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_left, window_right,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
         FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_T: gl.constexpr, DQ_PASS: gl.constexpr,
         Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr,
-        TAIL_DIM: gl.constexpr, QT_SMEM: gl.constexpr, KVT_SMEM: gl.constexpr, num_warps: gl.constexpr,
+        TAIL_DIM: gl.constexpr, QT_SMEM: gl.constexpr, KVT_SMEM: gl.constexpr, DQT_SMEM: gl.constexpr,
+        num_warps: gl.constexpr,
     ):
         # Host-side TMA descriptors: q, do [batch, seqlen_q, nheads_q, head_dim] (boxes [1, BLOCK_M, 1, HEAD_DIM]),
         # k, v, dk, dv [batch, seqlen_k, nheads_k, head_dim] (boxes [1, BLOCK_N, 1, HEAD_DIM]), dq: the fp32
@@ -393,14 +430,14 @@ if gluon is not None:
         # no dQ product (flash_bwd_dq_hopper's pass writes dQ; the dq descriptor unused). IS_VARLEN: the tensors
         # packed (total, heads, head_dim), seen as batch 1 ([1, total, heads, head_dim]; lse2, delta [nheads_q,
         # vector_rows], each sequence from its _vec_start), sequences bounded by the int32 p_cu_seqlens_q / _k,
-        # seqlen_q / _k the longest sequence's. TAIL_DIM > 0 (DQ_PASS, head dims 129..192 as 128 + 32 / 64 columns):
-        # qt / kt / vt / dot_desc over q / k / v / dout with boxes TAIL_DIM wide, loaded at column HEAD_DIM (= 128);
-        # else unused. Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the default
+        # seqlen_q / _k the longest sequence's. TAIL_DIM > 0 (DQ_PASS: head dims 129..192 as 128 + 32 / 64 columns;
+        # SCORES_T: 65..80 as 64 + 16): qt / kt / vt / dot_desc over q / k / v / dout with boxes TAIL_DIM wide,
+        # loaded at column HEAD_DIM, and (SCORES_T) dqt_desc over the dq buffer, reduce-added there; else unused. Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the default
         # partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
         gl.static_assert(BLOCK_N == 128 or (BLOCK_N == 64 and not SCORES_T))
         gl.static_assert(not (DQ_PASS and SCORES_T))
-        gl.static_assert(TAIL_DIM == 0 or (DQ_PASS and not IS_VARLEN))
+        gl.static_assert(TAIL_DIM == 0 or ((DQ_PASS or SCORES_T) and not IS_VARLEN))
         # _bwd_consumer_rows's dQ from registers: 2 x 64 query rows, dK / dV rows a warp per 16 keys (kv_layout [8, 1])
         gl.static_assert(SCORES_T or DQ_PASS or (BLOCK_M == 128 and BLOCK_N == 128))
         dtype: gl.constexpr = q_desc.dtype
@@ -438,12 +475,19 @@ if gluon is not None:
         if SCORES_T:
             ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], DS_SMEM)
             smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
+            if TAIL_DIM > 0:    # as below, and dQ's tail slots
+                descs = descs + (qt_desc, kt_desc, vt_desc, dot_desc, dqt_desc)
+                smem = smem + (gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, TAIL_DIM], QT_SMEM),
+                               gl.allocate_shared_memory(dtype, [BLOCK_N, TAIL_DIM], KVT_SMEM),
+                               gl.allocate_shared_memory(dtype, [BLOCK_N, TAIL_DIM], KVT_SMEM),
+                               gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, TAIL_DIM], QT_SMEM),
+                               gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, TAIL_DIM], DQT_SMEM))
             gl.warp_specialize([
                 (_bwd_consumer, (descs, smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale,
                                  HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                 NUM_STAGES)),
+                                 NUM_STAGES, TAIL_DIM)),
                 (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                                 IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, 0, zfill)),
+                                 IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill)),
             ], [1], [24])
         else:
             ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)
@@ -484,9 +528,14 @@ _CONFIG_WIDE = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, SCORES_T=False, DQ_PAS
 # 302 / 339 / 337 (causal 237 / 286 / 315) vs cuDNN's 285 / 333 / 324 (224 / 285 / 333); one pass adding dQ by atomics
 # 230 / 250 / 260 (187 / 222 / 246), the Triton grid 171 / 180 / 187; one pass with no dQ at all 640 at 4K (`c3`).
 # Head dims 129..160 / 161..192 (session 44): the wide config at 128 columns plus a 32- / 64-column tail (TAIL_DIM,
-# as the forward's: forward_head_dim), in both passes. 65..96 (the forward's 80 / 96 with a tail) padded to 128.
-HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 80: _CONFIG, 96: _CONFIG, 128: _CONFIG, 160: dict(_CONFIG_WIDE, TAIL_DIM=32),
-                      192: dict(_CONFIG_WIDE, TAIL_DIM=64), 256: _CONFIG_WIDE}
+# as the forward's: forward_head_dim), in both passes. 65..80 (session 46): hd128's transposed layout at 64 columns
+# plus a 16-column tail (dQ's tail reduce-added through slots and a descriptor of its own). Same process
+# (`results/h100-2026-11-24-s46/c4`, graph-timed; cuDNN eager), S = 1K / 2K / 4K / 8K: hd80 307 / 346 / 367 / 385
+# (causal 225 / 288 / 329 / 358) vs 287 / 317 / 338 / 346 (211 / 265 / 303 / 327) padded to 128, cuDNN 286 / 336 / 356 /
+# 362 (214 / 271 / 304 / 344); hd72 1.04-1.09x padded. Three stages 0.93-0.97x two. At 81..96 the tail (32) measured
+# 0.98-1.02x padded (hd96 330 / 366 / 395 / 411 vs 323 / 365 / 389 / 403): 96 stays padded.
+HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 80: dict(_CONFIG, TAIL_DIM=16), 96: _CONFIG, 128: _CONFIG,
+                      160: dict(_CONFIG_WIDE, TAIL_DIM=32), 192: dict(_CONFIG_WIDE, TAIL_DIM=64), 256: _CONFIG_WIDE}
 
 
 def hopper_backward_config(head_dim: int, varlen: bool = False):
@@ -532,8 +581,8 @@ class _BackwardPlan:
     def __init__(self, q, k, v, dout, dk, lse2, window_left, window_right, bottom_right, config, varlen):
         head_dim = q.shape[-1]
         cfg = dict(config)
-        tail = cfg["TAIL_DIM"]          # head dims 129..192: 128 columns, then a tail box (forward_head_dim)
-        kernel_dim = 128 if tail else kernel_head_dim(head_dim) or head_dim
+        tail = cfg["TAIL_DIM"]          # 65..96 and 129..192: 64 / 128 columns, then a tail box (forward_head_dim)
+        kernel_dim = forward_head_dim(head_dim) - tail if tail else kernel_head_dim(head_dim) or head_dim
         nheads_q, nheads_k = q.shape[-2], k.shape[-2]
         block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
         if varlen is None:
@@ -552,9 +601,9 @@ class _BackwardPlan:
             geometry(q, block_m), geometry(k, block_n), geometry(v, block_n), geometry(dout, block_m), vec, vec,
             geometry(dq_acc, block_m, torch.float32), geometry(dk, block_n, dk.dtype),
             geometry(dk, block_n, dk.dtype),                                    # dv: shaped and laid out like dk
-            # then q, k, v, dout with the tail's boxes (unused without one)
+            # then q, k, v, dout and dq_acc with the tail's boxes (unused without one)
             geometry(q, block_m, width=width), geometry(k, block_n, width=width), geometry(v, block_n, width=width),
-            geometry(dout, block_m, width=width)]
+            geometry(dout, block_m, width=width), geometry(dq_acc, block_m, torch.float32, width=width)]
         self.sizes = (*packed_geometry(dk, varlen)[3][:3], head_dim)
         self.shape = (nheads_q, nheads_k, seqlen_q, seqlen_k)
         self.windows = (window_left, window_right)
@@ -566,10 +615,11 @@ class _BackwardPlan:
             KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype),
             DS_SMEM=_smem_layout([block_n, block_m] if cfg["SCORES_T"] else [block_m, block_n], q.dtype),
             DQ_SMEM=_smem_layout([block_m, kernel_dim], torch.float32),
-            QT_SMEM=_smem_layout([block_m, width], q.dtype), KVT_SMEM=_smem_layout([block_n, width], q.dtype), **cfg)
+            QT_SMEM=_smem_layout([block_m, width], q.dtype), KVT_SMEM=_smem_layout([block_n, width], q.dtype),
+            DQT_SMEM=_smem_layout([block_m, width], torch.float32), **cfg)
 
     def __call__(self, dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale, cu_q, cu_k):
-        self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, q, k, v, dout, dk, dv, *self.sizes, cu_q, cu_k,
+        self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, q, k, v, dout, dq_acc, dk, dv, *self.sizes, cu_q, cu_k,
                     *self.shape, qk_scale, sm_scale, *self.windows)
 
 

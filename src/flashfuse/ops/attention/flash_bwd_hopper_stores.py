@@ -23,11 +23,15 @@ if gluon is not None:
                                                   src.handle)
 
     @gluon.jit
-    def _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, b, row, i_h):
+    def _hand_off_dq(dq, dq_smem, dq_desc, empty, slot, i, b, row, i_h, dqt, dqt_smem, dqt_desc,
+                     HEAD_DIM: gl.constexpr, TAIL_DIM: gl.constexpr):
         """End of step i: dQ_i -> dq_smem[i % 2] (whose last reader, the reduce-add of dQ_{i-2}, the wait at the end
         of step i - 1 saw done), the slot released, dQ_i reduce-added into the buffer. (Storing dQ_{i-1} while the
-        next step's first products run instead spills at hd128 and measured slower at hd64: session 16.)"""
+        next step's first products run instead spills at hd128 and measured slower at hd64: session 16.) TAIL_DIM > 0:
+        dQ's columns HEAD_DIM.. (dqt) likewise through dqt_smem and dqt_desc; else those three are unused."""
         dq_smem.index(i % 2).store(dq)
+        if TAIL_DIM > 0:
+            dqt_smem.index(i % 2).store(dqt)
         fence_async_shared()
         # TMA bulk groups belong to the thread that issued them: it waits here for the reduce-add issued a step's
         # products ago. The barrier then tells the other threads, orders every warp's dQ_i stores before the
@@ -38,6 +42,8 @@ if gluon is not None:
         mbarrier.arrive(empty.index(slot), count=1)
         # Rows past seqlen_q are dropped; varlen's add zeros into the next sequence's rows (their dS is 0).
         _tma_reduce_add(dq_desc, [b, row, i_h, 0], _tma_box(dq_smem.index(i % 2), dq_desc))
+        if TAIL_DIM > 0:
+            _tma_reduce_add(dqt_desc, [b, row, i_h, HEAD_DIM], _tma_box(dqt_smem.index(i % 2), dqt_desc))
 
     @gluon.jit
     def _store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, fp32_out, b, k_start, i_hk, n0, seqlen_k,
