@@ -411,7 +411,8 @@ if gluon is not None:
     @gluon.jit
     def _flash_bwd_hopper_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc, qt_desc, kt_desc, vt_desc,
-        dot_desc, dqt_desc, p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim, p_cu_seqlens_q, p_cu_seqlens_k,
+        dot_desc, dqt_desc, p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim, p_cu_seqlens_q,
+        p_cu_seqlens_k,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_left, window_right,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
         FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -432,7 +433,8 @@ if gluon is not None:
         # vector_rows], each sequence from its _vec_start), sequences bounded by the int32 p_cu_seqlens_q / _k,
         # seqlen_q / _k the longest sequence's. TAIL_DIM > 0 (DQ_PASS: head dims 129..192 as 128 + 32 / 64 columns;
         # SCORES_T: 65..80 as 64 + 16): qt / kt / vt / dot_desc over q / k / v / dout with boxes TAIL_DIM wide,
-        # loaded at column HEAD_DIM, and (SCORES_T) dqt_desc over the dq buffer, reduce-added there; else unused. Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the default
+        # loaded at column HEAD_DIM, and (SCORES_T) dqt_desc over the dq buffer, reduce-added there; else unused.
+        # Grid (cdiv(seqlen_k, BLOCK_N) * batch * nheads_k,). num_warps = 8 is the consumer (the default
         # partition); the producer warp is the worker.
         gl.static_assert(num_warps == 8)
         gl.static_assert(BLOCK_N == 128 or (BLOCK_N == 64 and not SCORES_T))
@@ -532,7 +534,7 @@ _CONFIG_WIDE = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, SCORES_T=False, DQ_PAS
 # plus a 16-column tail (dQ's tail reduce-added through slots and a descriptor of its own). Same process
 # (`results/h100-2026-11-24-s46/c4`, graph-timed; cuDNN eager), S = 1K / 2K / 4K / 8K: hd80 307 / 346 / 367 / 385
 # (causal 225 / 288 / 329 / 358) vs 287 / 317 / 338 / 346 (211 / 265 / 303 / 327) padded to 128, cuDNN 286 / 336 / 356 /
-# 362 (214 / 271 / 304 / 344); hd72 1.04-1.09x padded. Three stages 0.93-0.97x two. At 81..96 the tail (32) measured
+# 362 (214 / 271 / 304 / 344); hd72 1.05-1.10x padded. Three stages 0.92-0.99x two. At 81..96 the tail (32) measured
 # 0.98-1.02x padded (hd96 330 / 366 / 395 / 411 vs 323 / 365 / 389 / 403): 96 stays padded.
 HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 80: dict(_CONFIG, TAIL_DIM=16), 96: _CONFIG, 128: _CONFIG,
                       160: dict(_CONFIG_WIDE, TAIL_DIM=32), 192: dict(_CONFIG_WIDE, TAIL_DIM=64), 256: _CONFIG_WIDE}

@@ -49,8 +49,8 @@ those between (33..256) padded to them by the TMA boxes alone (kernel_head_dim);
 session 43): 128 columns plus a TAIL_DIM = 32 / 64 tail, each Q / K / V tile's tail in a box and slots of its own, S
 the sum of two wgmma groups, O two accumulators stored from registers: 160 / 256 and 192 / 256 of the padded work (not
 varlen: its producer zeroing takes one box); likewise 65..80 and 81..96 (session 46) as 64 columns plus a 16 / 32
-tail, O's first 64 columns by TMA and the tail's from registers. Configs: flash_fwd_hopper_configs.py; the tile walk and the softmax step:
-flash_fwd_hopper_tiles.py.
+tail, O's first 64 columns by TMA and the tail's from registers. Configs: flash_fwd_hopper_configs.py; the tile walk
+and the softmax step: flash_fwd_hopper_tiles.py.
 Gluon is triton's lower-level dialect and its API still moves between releases, so this kernel is used only on the
 release it was written and measured against (GLUON_TRITON); flash_fwd falls back to its Triton kernels everywhere
 else, the CPU interpreter included.
