@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device
 from ._hopper_common import _smem_layout, packed_geometry, sequence_geometry
-from .flash_fwd_hopper import gluon, kernel_head_dim
+from .flash_fwd_hopper import gluon, main_width
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl
@@ -411,7 +411,7 @@ class _DqPlan:
 
     def __init__(self, q, k, v, dout, dq, lse2, window_left, window_right, bottom_right, tail, varlen):
         head_dim = q.shape[-1]
-        kernel_dim = 128 if tail else kernel_head_dim(head_dim) or head_dim
+        kernel_dim = main_width(head_dim, tail)
         width = tail or kernel_dim
         nheads_q, nheads_k = q.shape[-2], k.shape[-2]
         cfg = dq_config(tail)

@@ -74,7 +74,7 @@ from ._flash_common import empty_packed
 from ._hopper_common import _smem_layout, packed_geometry, sequence_geometry
 from .flash_bwd_dq_hopper import vector_geometry
 from .flash_bwd_preprocess import hopper_backward_inputs
-from .flash_fwd_hopper import forward_head_dim, gluon, kernel_head_dim
+from .flash_fwd_hopper import forward_head_dim, gluon, kernel_head_dim, main_width
 
 LOG2E = flash_fwd_hopper.LOG2E
 # Where this kernel can run and which tensors its host-side descriptors take: as the forward's.
@@ -257,10 +257,10 @@ if gluon is not None:
                 if HAS_LEFT:
                     visible = visible & (gl.expand_dims(keys, 1) >= gl.expand_dims(queries + off - window_left, 0))
                 pt = gl.where(visible, pt, 0.0)
-            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
-            dv_tok = warpgroup_mma(pt_op, do, dv, is_async=True)
+            pt_low = pt.to(dtype)
+            dv_tok = warpgroup_mma(gl.convert_layout(pt_low, op_layout), do, dv, is_async=True)
             if TAIL_DIM > 0:
-                dvt_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), opt_layout), smem[11].index(slot), dvt,
+                dvt_tok = warpgroup_mma(gl.convert_layout(pt_low, opt_layout), smem[11].index(slot), dvt,
                                         is_async=True)
             dpt = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(dpt_tok, ))       # dV still running
             delta = delta_smem.index(slot).load(cols_layout)
@@ -584,7 +584,7 @@ class _BackwardPlan:
         head_dim = q.shape[-1]
         cfg = dict(config)
         tail = cfg["TAIL_DIM"]          # 65..96 and 129..192: 64 / 128 columns, then a tail box (forward_head_dim)
-        kernel_dim = forward_head_dim(head_dim) - tail if tail else kernel_head_dim(head_dim) or head_dim
+        kernel_dim = main_width(head_dim, tail)
         nheads_q, nheads_k = q.shape[-2], k.shape[-2]
         block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
         if varlen is None:

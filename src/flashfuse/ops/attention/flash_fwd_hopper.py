@@ -68,7 +68,7 @@ from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device, sm_co
 from ._hopper_common import _smem_layout, sequence_geometry
 from .flash_fwd_hopper_configs import (HOPPER_CONFIGS, HOPPER_ODD_CAUSAL_CONFIGS, MIN_WAVE,  # noqa: F401
                                        _WARP_SPECIALIZED, _WIDE, forward_head_dim, hopper_forward_config,
-                                       kernel_head_dim, varlen_config)
+                                       kernel_head_dim, main_width, varlen_config)
 
 # The triton release this file's Gluon code is written and GPU-tested against.
 GLUON_TRITON = "3.6."
@@ -511,7 +511,7 @@ class _ForwardPlan:
                 (q_strides, rows_q), (k_strides, rows_k), (v_strides, rows_k), (o_strides, rows_q)))
         cfg = dict(config)
         tail = cfg.setdefault("TAIL_DIM", 0)    # 65..96 and 129..192: 64 / 128 columns, then a tail box
-        kernel_dim = forward_head_dim(head_dim) - tail if tail else kernel_head_dim(head_dim) or head_dim
+        kernel_dim = main_width(head_dim, tail)
         block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
         rows = block_m // cfg["CONSUMERS"]          # 64: one consumer warpgroup's rows
         n_m_blocks = cdiv(seqlen_q, block_m)

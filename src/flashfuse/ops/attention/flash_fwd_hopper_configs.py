@@ -159,6 +159,13 @@ def forward_head_dim(head_dim: int) -> Optional[int]:
     return kernel_head_dim(head_dim)
 
 
+def main_width(head_dim: int, tail: int) -> int:
+    """The width of the main part of a tile the Gluon kernels compute for inputs of head_dim: with a tail of `tail`
+    columns (a config's TAIL_DIM), forward_head_dim's width less the tail (64 or 128), else kernel_head_dim's padded
+    width (head_dim where there is none)."""
+    return forward_head_dim(head_dim) - tail if tail else kernel_head_dim(head_dim) or head_dim
+
+
 def _table_entry(entries, seqlen_k: int):
     """The config of the last (shortest key loop, config) entry whose key loop is at most seqlen_k, or None."""
     config = None
