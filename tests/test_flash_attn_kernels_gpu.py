@@ -284,6 +284,26 @@ def test_odd_causal_tails_take_gluon_gpu(monkeypatch, headdim):
     check_attention(partial(flash_ref, causal=True), {"q": q, "k": k, "v": v}, out, lse=lse, ref_dtype=REF)
 
 
+SHORT_LOOP_CASES = [(72, 256, False), (72, 256, True), (64, 128, False), (64, 256, True), (96, 128, False),
+                    (128, 384, True), (160, 384, True), (160, 256, False), (192, 128, True), (256, 128, False)]
+
+
+@pytest.mark.parametrize("headdim, seqlen, causal", SHORT_LOOP_CASES,
+                         ids=[f"d{d}-s{s}-{'causal' if c else 'full'}" for d, s, c in SHORT_LOOP_CASES])
+def test_short_key_loops_take_gluon_gpu(monkeypatch, headdim, seqlen, causal):
+    """Key loops of 128..384 keys (session 47; DiT-XL/2 attends over 256 tokens at hd72), batch 8 x 16 heads: the
+    Gluon forward by itself where the tables send them (persistent, and one tile per program for odd causal row-block
+    counts at 128 / 384), out, lse and every gradient by flash-attn's criterion against the fp32 reference."""
+    _require_gluon()
+    config = flash_fwd_hopper.hopper_forward_config(headdim, causal, seqlen, seqlen, 8 * 16, 132)
+    assert config is not None and config["PERSISTENT"] == (not causal or seqlen // 128 % 2 == 0)
+    for name in ("_flash_fwd_kernel", "_flash_fwd_fast_kernel"):
+        monkeypatch.setattr(flash_fwd, name, None)
+    q, k, v = rand_qkv(8, seqlen, seqlen, 16, 8, headdim, dtype=F16, device="cuda")
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    check_attention(partial(flash_ref, causal=causal), {"q": q, "k": k, "v": v}, out, lse=lse, ref_dtype=REF)
+
+
 
 # ----------------------------------------------------------------------------------------------------
 # Gluon backward (flash_bwd_hopper): deterministic=False on Hopper

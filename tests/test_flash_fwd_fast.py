@@ -120,13 +120,13 @@ def test_tma_allocator_set_once():
 
 
 def test_hopper_forward_plan():
-    """flash_fwd_hopper's Gluon kernel: never in the interpreter (Gluon has none), and on the GPU only where
-    its table says it measured faster: head dims 64 and 128 from 512 keys, persistent (hd64 with three consumer
-    warpgroups from 8192 keys without a mask; hd64 causal with 64-key tiles below 2048 keys, hd128 causal below 1024; hd128 causal from there with one Q slot
-    per consumer, from 2048 keys with the P V wait after the softmax; causal with an odd number
-    of row blocks one tile per program, hd64 only from 4096 keys), grids of MIN_WAVE (0.9) waves of tiles or more,
-    persistent where its units fill MIN_WAVE waves, else one tile per program. The kernel runs in the GPU tier
-    (test_flash_attn_kernels_gpu.py)."""
+    """flash_fwd_hopper's Gluon kernel: never in the interpreter (Gluon has none), and on the GPU only where its
+    table says it measured faster: head dims 64 and 128 from 128 keys (causal from 256), persistent (hd64 with three
+    consumer warpgroups from 8192 keys without a mask; hd64 causal with 64-key tiles below 1024 keys, hd128 causal
+    below 1024; hd128 causal from there with one Q slot per consumer, from 2048 keys with the P V wait after the
+    softmax; causal with an odd number of row blocks one tile per program, hd64 only from 4096 keys), grids of
+    MIN_WAVE (0.9) waves of tiles or more, persistent where its units fill MIN_WAVE waves, else one tile per program.
+    The kernel runs in the GPU tier (test_flash_attn_kernels_gpu.py)."""
     from flashfuse.ops.attention import flash_fwd_hopper as hopper
 
     assert not hopper.available(torch.device("cpu"))
@@ -152,7 +152,9 @@ def test_hopper_forward_plan():
     assert config["PERSISTENT"] and config["BLOCK_N"] == 128 and config["NUM_STAGES"] == 3
     config = hopper.hopper_forward_config(64, True, 2048, 2048, 8 * 32, 132)
     assert config["BLOCK_N"] == 128 and config["NUM_STAGES"] == 2
-    assert hopper.hopper_forward_config(64, True, 256, 256, 64 * 32, 132) is None         # short causal loop
+    config = hopper.hopper_forward_config(64, True, 256, 256, 64 * 32, 132)           # from 256 keys (session 47)
+    assert config["PERSISTENT"] and config["BLOCK_N"] == 64
+    assert hopper.hopper_forward_config(64, True, 128, 128, 128 * 32, 132) is None        # short causal loop
     # causal with an odd number of row blocks (no pairs): one tile per program where that measured faster than Triton
     config = hopper.hopper_forward_config(128, True, 640, 640, 16 * 16, 132)
     assert not config["PERSISTENT"] and config["Q_STAGES"] == 1
@@ -179,8 +181,17 @@ def test_hopper_forward_plan():
         assert hopper.varlen_config(d, True, False, 4096, 4096, 16 * 16, 132)["TAIL_DIM"] == 0
     assert hopper.hopper_forward_config(288, False, 4096, 4096, 16 * 16, 132) is None     # no entry
     assert hopper.hopper_forward_config(32, False, 4096, 4096, 16 * 16, 132) is None
-    assert hopper.hopper_forward_config(64, False, 1024, 256, 16 * 32, 132) is None       # short key loop
-    assert hopper.hopper_forward_config(128, True, 256, 256, 64 * 16, 132) is None        # short key loop
+    # key loops below 512 (session 47): 128 keys without a mask (hd160: 256), 256 causal (hd160: 512); odd causal
+    # row-block counts at 384 for hd128 / hd160, 128 for hd192 / hd256, 512 at 65..96
+    assert hopper.hopper_forward_config(64, False, 1024, 64, 16 * 32, 132) is None        # short key loop
+    assert hopper.hopper_forward_config(72, False, 256, 256, 32 * 16, 132) == hopper.HOPPER_CONFIGS[(80, False)][0][1]
+    for d, causal, shortest in ((64, False, 128), (72, True, 256), (96, False, 128), (128, True, 256),
+                                (160, False, 256), (160, True, 512), (192, False, 128), (256, True, 256)):
+        assert hopper.hopper_forward_config(d, causal, 1024, shortest, 64 * 16, 132) is not None, (d, causal)
+        assert hopper.hopper_forward_config(d, causal, 1024, shortest - 1, 64 * 16, 132) is None, (d, causal)
+    for d, shortest in ((80, 512), (128, 384), (160, 384), (192, 128), (256, 128)):            # odd: one 128-row block
+        assert not hopper.hopper_forward_config(d, True, 128, shortest, 256 * 16, 132)["PERSISTENT"], d
+        assert hopper.hopper_forward_config(d, True, 128, shortest - 1, 256 * 16, 132) is None, d
     assert hopper.hopper_forward_config(64, False, 2048, 2048, 4, 132) is None            # 64 tiles: under a wave
     assert hopper.hopper_forward_config(64, False, 512, 512, 16, 132) is None
     # batch 1: 128 or 256 tiles of 128 rows; causal units (pairs of tiles) under a wave run one tile per program

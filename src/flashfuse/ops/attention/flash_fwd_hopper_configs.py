@@ -55,28 +55,37 @@ _TAIL_64 = dict(_WARP_SPECIALIZED, BLOCK_N=64, Q_STAGES=1, O_FROM_REGS=True, TAI
 # hd80 292 / 398 (three: 285 / 399), hd96 314 / 431 (306 / 423; cuDNN 320 / 390).
 _NARROW_TAIL_16 = dict(_WARP_SPECIALIZED, NUM_STAGES=3, TAIL_DIM=16)
 _NARROW_TAIL_32 = dict(_WARP_SPECIALIZED, NUM_STAGES=3, TAIL_DIM=32)
+# Key loops of 128..384 (session 47; DiT-XL/2 at 256x256 attends over 256 tokens at hd72): each width's 512-key
+# config, run at S = 128 / 256 / 384 (8192 tokens, 16 heads, fp16, CUDA-graph timed, `results/h100-2026-11-24-s47/
+# c2`) against flash_fwd's kernels there, TFLOP/s, ours / Triton's / cuDNN's at S = 256: hd64 282 / 213 / 277 (causal
+# 153 / 114 / 146), hd72 232 / 165 / 198 (127 / 103 / 111), hd96 285 / 205 / 274, hd128 332 / 216 / 322 (164 / 135 /
+# 165), hd160 253 / 216 / 278, hd192 258 / 157 / 320, hd256 267 / 169 / 332 (129 / 113 / 177). The entries start
+# where ours measured faster: 128 keys without a mask (hd160: 256), 256 causal (hd160: 512, 127 vs 130); odd causal
+# row-block counts (one tile per program) at 384 for hd128 / hd160 (201 vs 173, 180 vs 168), 128 for hd192 / hd256,
+# not below 512 at 65..96 (S = 384: 120 vs 128). 64-key tiles were within 2% of these or slower but for hd128 odd causal
+# at 384 (211).
 HOPPER_CONFIGS = {
-    (64, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
-    (64, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
+    (64, False): ((128, dict(_WARP_SPECIALIZED, PERSISTENT=True)), (8192, dict(_THREE_CONSUMERS, PERSISTENT=True))),
+    (64, True): ((256, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
                  (1024, dict(_WARP_SPECIALIZED, PERSISTENT=True, NUM_STAGES=3)),
                  (2048, dict(_WARP_SPECIALIZED, PERSISTENT=True))),
-    (128, False): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
-    (128, True): ((512, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
+    (128, False): ((128, dict(_WARP_SPECIALIZED, PERSISTENT=True)), ),
+    (128, True): ((256, dict(_WARP_SPECIALIZED, PERSISTENT=True, BLOCK_N=64, NUM_STAGES=3)),
                   (1024, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1)),
                   (2048, dict(_WARP_SPECIALIZED, PERSISTENT=True, Q_STAGES=1, SPLIT_PV_WAIT=True))),
-    (80, False): ((512, dict(_NARROW_TAIL_16, PERSISTENT=True)), ),
-    (80, True): ((512, dict(_NARROW_TAIL_16, PERSISTENT=True, BLOCK_N=64)),
+    (80, False): ((128, dict(_NARROW_TAIL_16, PERSISTENT=True)), ),
+    (80, True): ((256, dict(_NARROW_TAIL_16, PERSISTENT=True, BLOCK_N=64)),
                  (1024, dict(_NARROW_TAIL_16, PERSISTENT=True)),
                  (2048, dict(_NARROW_TAIL_16, PERSISTENT=True, NUM_STAGES=2, Q_STAGES=1))),
-    (96, False): ((512, dict(_NARROW_TAIL_32, PERSISTENT=True)), ),
-    (96, True): ((512, dict(_NARROW_TAIL_32, PERSISTENT=True, BLOCK_N=64)),
+    (96, False): ((128, dict(_NARROW_TAIL_32, PERSISTENT=True)), ),
+    (96, True): ((256, dict(_NARROW_TAIL_32, PERSISTENT=True, BLOCK_N=64)),
                  (1024, dict(_NARROW_TAIL_32, PERSISTENT=True))),
-    (160, False): ((512, dict(_TAIL_32, PERSISTENT=True)), ),
+    (160, False): ((256, dict(_TAIL_32, PERSISTENT=True)), ),
     (160, True): ((512, dict(_TAIL_32, PERSISTENT=True)), ),
-    (192, False): ((512, dict(_TAIL_64, PERSISTENT=True)), ),
-    (192, True): ((512, dict(_TAIL_64, PERSISTENT=True)), ),
-    (256, False): ((512, dict(_WIDE, PERSISTENT=True)), ),
-    (256, True): ((512, dict(_WIDE, PERSISTENT=True)), ),
+    (192, False): ((128, dict(_TAIL_64, PERSISTENT=True)), ),
+    (192, True): ((256, dict(_TAIL_64, PERSISTENT=True)), ),
+    (256, False): ((128, dict(_WIDE, PERSISTENT=True)), ),
+    (256, True): ((256, dict(_WIDE, PERSISTENT=True)), ),
 }
 # Causal with an odd number of row blocks (no pairs): one tile per program, heaviest first, where it measured faster
 # than Triton's kernel (sessions 15-17: hd128 from 512 keys, hd64 from 4096).
@@ -84,10 +93,10 @@ HOPPER_ODD_CAUSAL_CONFIGS = {
     64: ((4096, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
     80: ((512, dict(_NARROW_TAIL_16, PERSISTENT=False, Q_STAGES=1, NUM_STAGES=2)), ),
     96: ((512, dict(_NARROW_TAIL_32, PERSISTENT=False, Q_STAGES=1, NUM_STAGES=2)), ),
-    128: ((512, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
-    160: ((512, dict(_TAIL_32, PERSISTENT=False)), ),
-    192: ((512, dict(_TAIL_64, PERSISTENT=False)), ),
-    256: ((512, dict(_WIDE, PERSISTENT=False)), ),
+    128: ((384, dict(_WARP_SPECIALIZED, PERSISTENT=False, Q_STAGES=1)), ),
+    160: ((384, dict(_TAIL_32, PERSISTENT=False)), ),
+    192: ((128, dict(_TAIL_64, PERSISTENT=False)), ),
+    256: ((128, dict(_WIDE, PERSISTENT=False)), ),
 }
 
 
@@ -110,7 +119,7 @@ def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: 
     its mask, ptxas offline, session 37). tail=False: head dims 129..192 padded to 256 (varlen_config)."""
     width = forward_head_dim(head_dim) if tail else kernel_head_dim(head_dim)
     config = _table_entry(HOPPER_CONFIGS.get((width, causal), ()), seqlen_k)
-    if config is not None and causal and cdiv(seqlen_q, config["BLOCK_M"]) % 2:
+    if causal and cdiv(seqlen_q, _WARP_SPECIALIZED["BLOCK_M"]) % 2:      # every causal entry has 128-row tiles
         config = _table_entry(HOPPER_ODD_CAUSAL_CONFIGS.get(width, ()), seqlen_k)
     if config is None:
         return None
