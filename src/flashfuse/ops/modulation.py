@@ -7,34 +7,44 @@ and add each branch's output back through a per-sample gate:
     y   = LN(x) * (1 + scale) + shift        ada_layer_norm(x, scale, shift, eps)
     out = residual + gate * y                ada_layer_norm_gate(residual, gate, y)
 
+and, as a block's next LayerNorm follows its gated residual at once, both in one kernel (flash-attn's
+``residual=`` / prenorm convention; h is the new residual stream, written once and not read back):
+
+    h = residual + gate * x,  y = LN(h) * (1 + scale) + shift
+        y, h = ada_layer_norm(x, scale, shift, eps, residual=residual, gate=gate)
+
 Eager PyTorch runs LN, the add, the multiply and the add as four passes over the (B, T, D) activations
 (five for the gate with its two ops and the intermediates); each kernel here reads every input once and
 writes every output once.
 
-Layers: kernels -> launchers (``ada_layer_norm_forward`` ...) -> torch.library ops
-``flashfuse::ada_layer_norm_fwd`` / ``_bwd`` and ``flashfuse::ada_layer_norm_gate_fwd`` / ``_bwd`` through
-``FlashfuseOp`` (torch.compile sees one op; eager calls skip the dispatcher) -> public functions, and two
-diffusers drop-ins (``layer_norm_modulate``, ``ada_layer_norm_zero_forward``).
+Layers: kernels (``modulation_details/_kernels.py``, with the forward and backward math) -> launchers
+(``ada_layer_norm_forward``, ``ada_layer_norm_residual_forward`` ...) -> torch.library ops
+``flashfuse::ada_layer_norm_fwd`` / ``_bwd``, ``flashfuse::ada_layer_norm_gate_fwd`` / ``_bwd`` and
+``flashfuse::ada_layer_norm_residual_fwd`` / ``_bwd`` through ``FlashfuseOp`` (torch.compile sees one op;
+eager calls skip the dispatcher) -> public functions, and two diffusers drop-ins (``layer_norm_modulate``,
+``ada_layer_norm_zero_forward``).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from typing import Optional
 
 import torch
-import triton
-import triton.language as tl
 from torch import Tensor
 
 from .._checks import check_same, check_tensor, last_dim_contiguous
 from ._custom_op import FlashfuseOp
 from ._triton import cdiv, next_power_of_2, sm_count
+from .modulation_details._kernels import _ada_ln_bwd_kernel, _ada_ln_fwd_kernel, _gate_bwd_kernel, _gate_fwd_kernel
 
 # Largest column block one program holds in registers (the forward keeps x in fp32 and loads scale /
 # shift next to it; the backward keeps x, dy, 1 + scale and the two fp32 accumulators), as in
 # flashfuse.ops.norm whose limits were measured with ptxas on sm_90 (no spills). Wider rows loop over
-# column blocks (second read of the row, which the program finds in L2).
+# column blocks (second read of the row, which the program finds in L2). The residual form loads residual
+# and gate too: at 16384 columns its forward uses 99 registers, its backward (+ dh) 109, no spills (H100,
+# Triton 3.6; the plain forward: 64 registers, 2 spills).
 MAX_BLOCK_N_FWD = 16384
 MAX_BLOCK_N_BWD = 8192
 # Short rows are packed BLOCK_M to a program so a program moves ~4096 elements (8 KiB of bf16): enough
@@ -46,224 +56,6 @@ ELEMENTS_PER_WARP, MAX_WARPS = 512, 16
 # queued ones that even out the tail). Each program writes one fp32 partial row of dscale / dshift.
 BWD_WARPS_PER_SM = 64
 INTERPRETER_BWD_PROGRAMS = 4
-
-
-# ----------------------------------------------------------------------------------------------------
-# Kernels
-#
-# One row x of D columns, token t of sample b; sc = scale[b], sh = shift[b] (D-vectors):
-#     mu = mean(x),  rstd = 1 / sqrt(mean((x - mu)^2) + eps),  x_hat = (x - mu) * rstd
-#     y = x_hat * (1 + sc) + sh
-# Backward with dy = dL/dy and g = dy * (1 + sc) (the gradient reaching x_hat), means over D:
-#     dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat))       (the LayerNorm VJP)
-#     dscale[b] = sum over t of dy * x_hat,    dshift[b] = sum over t of dy
-# Gate: out = r + gate[b] * y;  dr = dout,  dy = dout * gate[b],  dgate[b] = sum over t of dout * y.
-# The sums over t are deterministic: a program owns a run of tokens of one sample, sums them in registers
-# and writes one fp32 partial row; torch sums the few partial rows afterwards (no atomics).
-# The forward saves only mu and rstd (8 bytes per row) and the backward recomputes x_hat from x.
-# ----------------------------------------------------------------------------------------------------
-
-@triton.jit
-def _modulate_store(x_hat, P_SC, P_SH, P_Y, o_n, mask):
-    """y = x_hat * (1 + sc) + sh for a [BLOCK_M, BLOCK_N] block; P_*: [BLOCK_M] row pointers."""
-    sc = tl.load(P_SC[:, None] + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
-    sh = tl.load(P_SH[:, None] + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
-    y = x_hat * (1.0 + sc) + sh
-    tl.store(P_Y[:, None] + o_n[None, :], y.to(P_Y.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _ada_ln_fwd_kernel(
-    X, SCALE, SHIFT, Y, MEAN, RSTD,  # X: [B, T, D]; SCALE, SHIFT: [B or 1, D]; Y: [B*T, D]; MEAN, RSTD: [B*T]
-    n_rows, seqlen, n_cols,
-    stride_x_b, stride_x_t, stride_scale_b, stride_shift_b, stride_y_row,
-    eps,
-    ONE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """One program modulates BLOCK_M rows (tokens, possibly of several samples). ONE_BLOCK (D <= BLOCK_N):
-    one read of x and one write of y. Otherwise a statistics pass and a normalize pass over column blocks."""
-    i_m = tl.program_id(0).to(tl.int64)
-    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)                                # [BLOCK_M] flat rows
-    m_m = o_m < n_rows
-    o_b = o_m // seqlen                                                        # sample of each row
-    o_t = o_m - o_b * seqlen                                                   # token of each row
-    p_x = X + o_b * stride_x_b + o_t * stride_x_t                              # [BLOCK_M] row pointers
-    p_sc = SCALE + o_b * stride_scale_b
-    p_sh = SHIFT + o_b * stride_shift_b
-    p_y = Y + o_m * stride_y_row
-    o_n = tl.arange(0, BLOCK_N)                                                # [BLOCK_N]
-    if ONE_BLOCK:
-        mask = m_m[:, None] & (o_n < n_cols)[None, :]
-        x = tl.load(p_x[:, None] + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
-        mean = tl.sum(x, axis=1) / n_cols
-        d = tl.where(mask, x - mean[:, None], 0.0)
-        rstd = tl.math.rsqrt(tl.sum(d * d, axis=1) / n_cols + eps)
-        _modulate_store(d * rstd[:, None], p_sc, p_sh, p_y, o_n, mask)
-    else:
-        # Chan's pairwise update merges each block's (count n_b, mean mean_b, squared deviations m2_b)
-        # into the running (start, mean, m2): no cancellation, unlike E[x^2] - mu^2.
-        mean = tl.zeros([BLOCK_M], dtype=tl.float32)
-        m2 = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK_N):
-            mask = m_m[:, None] & (start + o_n < n_cols)[None, :]
-            x = tl.load(p_x[:, None] + (start + o_n)[None, :], mask=mask, other=0.0).to(tl.float32)
-            n_b = tl.minimum(n_cols - start, BLOCK_N).to(tl.float32)
-            mean_b = tl.sum(x, axis=1) / n_b
-            d = tl.where(mask, x - mean_b[:, None], 0.0)
-            frac = n_b / (start + n_b)
-            delta = mean_b - mean
-            mean += delta * frac
-            m2 += tl.sum(d * d, axis=1) + delta * delta * start * frac
-        rstd = tl.math.rsqrt(m2 / n_cols + eps)
-        for start in range(0, n_cols, BLOCK_N):
-            mask = m_m[:, None] & (start + o_n < n_cols)[None, :]
-            x = tl.load(p_x[:, None] + (start + o_n)[None, :], mask=mask, other=0.0).to(tl.float32)
-            x_hat = (x - mean[:, None]) * rstd[:, None]
-            _modulate_store(x_hat, p_sc + start, p_sh + start, p_y + start, o_n, mask)
-    tl.store(MEAN + o_m, mean, mask=m_m)
-    tl.store(RSTD + o_m, rstd, mask=m_m)
-
-
-@triton.jit
-def _ada_ln_bwd_kernel(
-    DY, X, SCALE, MEAN, RSTD, DX, DSC_PART, DSH_PART,  # DY, X: [B, T, D]; DX: [B*T, D]; *_PART: [C, B, D] fp32
-    seqlen, n_cols, rows_per_program,
-    stride_dy_b, stride_dy_t, stride_x_b, stride_x_t, stride_scale_b, stride_dx_row,
-    stride_part_c, stride_part_b,
-    ONE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """Program (b, c) handles tokens [c * rows_per_program, ...) of sample b, BLOCK_M at a time, and writes
-    row (c, b) of the dscale / dshift partials. Not ONE_BLOCK (D > BLOCK_N): per row block, a pass for the
-    row sums mean(g), mean(g x_hat), then a pass writing dx and adding into the partial rows it owns."""
-    i_b = tl.program_id(0).to(tl.int64)
-    i_c = tl.program_id(1).to(tl.int64)
-    t_start = i_c * rows_per_program
-    t_end = tl.minimum(t_start + rows_per_program, seqlen)
-    o_n = tl.arange(0, BLOCK_N)                                                # [BLOCK_N]
-    p_sc = SCALE + i_b * stride_scale_b
-    p_dsc = DSC_PART + i_c * stride_part_c + i_b * stride_part_b
-    p_dsh = DSH_PART + i_c * stride_part_c + i_b * stride_part_b
-    if ONE_BLOCK:
-        m_n = o_n < n_cols
-        w = 1.0 + tl.load(p_sc + o_n, mask=m_n, other=0.0).to(tl.float32)    # [BLOCK_N]
-        acc_sc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        acc_sh = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for t0 in range(t_start, t_end, BLOCK_M):
-            o_t = t0 + tl.arange(0, BLOCK_M)                                   # [BLOCK_M]
-            m_t = o_t < t_end
-            mask = m_t[:, None] & m_n[None, :]
-            x = tl.load(X + i_b * stride_x_b + o_t[:, None] * stride_x_t + o_n[None, :], mask=mask,
-                        other=0.0).to(tl.float32)
-            dy = tl.load(DY + i_b * stride_dy_b + o_t[:, None] * stride_dy_t + o_n[None, :], mask=mask,
-                         other=0.0).to(tl.float32)
-            mean = tl.load(MEAN + i_b * seqlen + o_t, mask=m_t, other=0.0)
-            rstd = tl.load(RSTD + i_b * seqlen + o_t, mask=m_t, other=0.0)
-            x_hat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-            g = dy * w[None, :]
-            c1 = tl.sum(g, axis=1) / n_cols
-            c2 = tl.sum(g * x_hat, axis=1) / n_cols
-            dx = rstd[:, None] * (g - c1[:, None] - x_hat * c2[:, None])
-            tl.store(DX + (i_b * seqlen + o_t[:, None]) * stride_dx_row + o_n[None, :],
-                     dx.to(DX.dtype.element_ty), mask=mask)
-            acc_sc += tl.sum(dy * x_hat, axis=0)
-            acc_sh += tl.sum(dy, axis=0)
-        tl.store(p_dsc + o_n, acc_sc, mask=m_n)
-        tl.store(p_dsh + o_n, acc_sh, mask=m_n)
-    else:
-        for t0 in range(t_start, t_end, BLOCK_M):
-            o_t = t0 + tl.arange(0, BLOCK_M)
-            m_t = o_t < t_end
-            p_x = X + i_b * stride_x_b + o_t * stride_x_t                      # [BLOCK_M]
-            p_dy = DY + i_b * stride_dy_b + o_t * stride_dy_t
-            p_dx = DX + (i_b * seqlen + o_t) * stride_dx_row
-            mean = tl.load(MEAN + i_b * seqlen + o_t, mask=m_t, other=0.0)
-            rstd = tl.load(RSTD + i_b * seqlen + o_t, mask=m_t, other=0.0)
-            c1 = tl.zeros([BLOCK_M], dtype=tl.float32)
-            c2 = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for start in range(0, n_cols, BLOCK_N):
-                m_n = start + o_n < n_cols
-                mask = m_t[:, None] & m_n[None, :]
-                x = tl.load(p_x[:, None] + (start + o_n)[None, :], mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(p_dy[:, None] + (start + o_n)[None, :], mask=mask, other=0.0).to(tl.float32)
-                w = 1.0 + tl.load(p_sc + start + o_n, mask=m_n, other=0.0).to(tl.float32)
-                x_hat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-                g = dy * w[None, :]
-                c1 += tl.sum(g, axis=1)
-                c2 += tl.sum(g * x_hat, axis=1)
-            c1 = c1 / n_cols
-            c2 = c2 / n_cols
-            for start in range(0, n_cols, BLOCK_N):
-                m_n = start + o_n < n_cols
-                mask = m_t[:, None] & m_n[None, :]
-                x = tl.load(p_x[:, None] + (start + o_n)[None, :], mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(p_dy[:, None] + (start + o_n)[None, :], mask=mask, other=0.0).to(tl.float32)
-                w = 1.0 + tl.load(p_sc + start + o_n, mask=m_n, other=0.0).to(tl.float32)
-                x_hat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-                dx = rstd[:, None] * (dy * w[None, :] - c1[:, None] - x_hat * c2[:, None])
-                tl.store(p_dx[:, None] + (start + o_n)[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-                # The partial rows belong to this program: the first row block stores, later ones add.
-                m_prev = start + o_n < tl.where(t0 > t_start, n_cols, 0)       # m_n, or none at first
-                prev_sc = tl.load(p_dsc + start + o_n, mask=m_prev, other=0.0)
-                prev_sh = tl.load(p_dsh + start + o_n, mask=m_prev, other=0.0)
-                tl.store(p_dsc + start + o_n, prev_sc + tl.sum(dy * x_hat, axis=0), mask=m_n)
-                tl.store(p_dsh + start + o_n, prev_sh + tl.sum(dy, axis=0), mask=m_n)
-            # Threads holding replicas of one partial element must not read it for the next row block
-            # before every replica of this one is stored.
-            tl.debug_barrier()
-
-
-@triton.jit
-def _gate_fwd_kernel(
-    R, GATE, Y, OUT,  # R, Y: [B, T, D]; GATE: [B or 1, D]; OUT: [B*T, D]
-    n_rows, seqlen, n_cols,
-    stride_r_b, stride_r_t, stride_gate_b, stride_y_b, stride_y_t, stride_out_row,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """out = r + gate[b] * y for a [BLOCK_M, BLOCK_N] tile (elementwise, fp32 arithmetic, one rounding)."""
-    i_m = tl.program_id(0).to(tl.int64)
-    i_n = tl.program_id(1).to(tl.int64)
-    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)                                # [BLOCK_M]
-    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)                                # [BLOCK_N]
-    o_b = o_m // seqlen
-    o_t = o_m - o_b * seqlen
-    mask = (o_m < n_rows)[:, None] & (o_n < n_cols)[None, :]
-    r = tl.load(R + (o_b * stride_r_b + o_t * stride_r_t)[:, None] + o_n[None, :], mask=mask, other=0.0)
-    y = tl.load(Y + (o_b * stride_y_b + o_t * stride_y_t)[:, None] + o_n[None, :], mask=mask, other=0.0)
-    gate = tl.load(GATE + (o_b * stride_gate_b)[:, None] + o_n[None, :], mask=mask, other=0.0)
-    out = r.to(tl.float32) + gate.to(tl.float32) * y.to(tl.float32)
-    tl.store(OUT + o_m[:, None] * stride_out_row + o_n[None, :], out.to(OUT.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _gate_bwd_kernel(
-    DOUT, GATE, Y, DY, DGATE_PART,  # DOUT, Y: [B, T, D]; DY: [B*T, D]; DGATE_PART: [C, B, D] fp32
-    seqlen, n_cols, rows_per_program,
-    stride_dout_b, stride_dout_t, stride_gate_b, stride_y_b, stride_y_t, stride_dy_row,
-    stride_part_c, stride_part_b,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """Program (b, c, n): tokens [c * rows_per_program, ...) of sample b, columns block n: dy = dout * gate,
-    and the partial row (c, b) of dgate = sum over those tokens of dout * y."""
-    i_b = tl.program_id(0).to(tl.int64)
-    i_c = tl.program_id(1).to(tl.int64)
-    i_n = tl.program_id(2).to(tl.int64)
-    t_start = i_c * rows_per_program
-    t_end = tl.minimum(t_start + rows_per_program, seqlen)
-    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)                                # [BLOCK_N]
-    m_n = o_n < n_cols
-    gate = tl.load(GATE + i_b * stride_gate_b + o_n, mask=m_n, other=0.0).to(tl.float32)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for t0 in range(t_start, t_end, BLOCK_M):
-        o_t = t0 + tl.arange(0, BLOCK_M)                                       # [BLOCK_M]
-        mask = (o_t < t_end)[:, None] & m_n[None, :]
-        dout = tl.load(DOUT + i_b * stride_dout_b + o_t[:, None] * stride_dout_t + o_n[None, :], mask=mask,
-                       other=0.0).to(tl.float32)
-        y = tl.load(Y + i_b * stride_y_b + o_t[:, None] * stride_y_t + o_n[None, :], mask=mask,
-                    other=0.0).to(tl.float32)
-        tl.store(DY + (i_b * seqlen + o_t[:, None]) * stride_dy_row + o_n[None, :],
-                 (dout * gate[None, :]).to(DY.dtype.element_ty), mask=mask)
-        acc += tl.sum(dout * y, axis=0)
-    tl.store(DGATE_PART + i_c * stride_part_c + i_b * stride_part_b + o_n, acc, mask=m_n)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -308,26 +100,56 @@ def _reduce_partials(part: Tensor, n_param_batch: int, dtype: torch.dtype) -> Te
 
 def ada_layer_norm_forward(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6):
     """Returns (y (B, T, D) contiguous, dtype promote(x, scale, shift); mean, rstd (B*T,) fp32)."""
+    y, _h, mean, rstd = _ada_ln_launch(x, None, None, scale, shift, eps)
+    return y, mean, rstd
+
+
+def ada_layer_norm_residual_forward(x: Tensor, residual: Tensor, gate: Optional[Tensor], scale: Tensor,
+                                    shift: Tensor, eps: float = 1e-6):
+    """h = residual + gate * x (residual + x when gate is None), then y = LN(h) * (1 + scale) + shift.
+    Returns (y, dtype promote(h, scale, shift); h, dtype promote(residual, gate, x); mean, rstd of h)."""
+    return _ada_ln_launch(x, residual, gate, scale, shift, eps)
+
+
+def _ada_ln_launch(x, residual, gate, scale, shift, eps):
     n_batch, seqlen, n_cols = x.shape
     n_rows = n_batch * seqlen
-    out_dtype = torch.promote_types(torch.promote_types(x.dtype, scale.dtype), shift.dtype)
+    fused = residual is not None
+    h_dtype = _h_dtype(x, residual, gate)
+    h = _alloc((n_batch, seqlen, n_cols), h_dtype, x.device) if fused else None
+    out_dtype = torch.promote_types(torch.promote_types(h_dtype, scale.dtype), shift.dtype)
     y = _alloc((n_batch, seqlen, n_cols), out_dtype, x.device)
     mean = _alloc(n_rows, torch.float32, x.device)
     rstd = _alloc(n_rows, torch.float32, x.device)
     if n_rows == 0:
-        return y, mean, rstd
+        return y, h, mean, rstd
+    # Without HAS_RESIDUAL the kernel touches neither R nor H, without HAS_GATE not GATE: x, y, scale stand in.
+    r, h_out = (residual, h) if fused else (x, y)
+    g = gate if fused and gate is not None else scale
     block_m, block_n, num_warps = _row_config(n_rows, n_cols, MAX_BLOCK_N_FWD)
     _ada_ln_fwd_kernel[(cdiv(n_rows, block_m),)](
-        x, scale, shift, y, mean, rstd, n_rows, seqlen, n_cols,
-        x.stride(0), x.stride(1), scale.stride(0) if scale.shape[0] > 1 else 0,
-        shift.stride(0) if shift.shape[0] > 1 else 0, n_cols, float(eps),
+        x, r, g, scale, shift, h_out, y, mean, rstd, n_rows, seqlen, n_cols,
+        x.stride(0), x.stride(1), r.stride(0), r.stride(1), _batch_stride(g), _batch_stride(scale),
+        _batch_stride(shift), n_cols, n_cols, float(eps),
+        HAS_RESIDUAL=fused, HAS_GATE=fused and gate is not None,
         ONE_BLOCK=n_cols <= block_n, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
-    return y, mean, rstd
+    return y, h, mean, rstd
+
+
+def _h_dtype(x: Tensor, residual: Optional[Tensor], gate: Optional[Tensor]) -> torch.dtype:
+    """promote(residual, gate, x): the dtype ada_layer_norm_gate(residual, gate, x) returns."""
+    return functools.reduce(torch.promote_types, [t.dtype for t in (residual, gate) if t is not None], x.dtype)
+
+
+def _batch_stride(v: Tensor) -> int:
+    """Row stride of a (B or 1, D) vector, 0 for a batch of 1 (broadcast over the samples)."""
+    return v.stride(0) if v.shape[0] > 1 else 0
 
 
 def ada_layer_norm_backward(dy: Tensor, x: Tensor, scale: Tensor, shift_dtype: torch.dtype, n_shift_batch: int,
-                            mean: Tensor, rstd: Tensor):
-    """Returns (dx like x, dscale like scale, dshift (n_shift_batch, D) of shift_dtype)."""
+                            mean: Tensor, rstd: Tensor, dh: Optional[Tensor] = None):
+    """Returns (dx like x, dscale like scale, dshift (n_shift_batch, D) of shift_dtype). In the residual form
+    x is h and dh (like dy) the gradient of h as an output: dx is then dh + the LayerNorm's VJP."""
     n_batch, seqlen, n_cols = x.shape
     dx = _alloc((n_batch, seqlen, n_cols), x.dtype, x.device)
     block_m, block_n, num_warps = _row_config(seqlen, n_cols, MAX_BLOCK_N_BWD)
@@ -336,10 +158,11 @@ def ada_layer_norm_backward(dy: Tensor, x: Tensor, scale: Tensor, shift_dtype: t
     dsc_part = _alloc((n_chunks, n_batch, n_cols), torch.float32, x.device)
     dsh_part = _alloc((n_chunks, n_batch, n_cols), torch.float32, x.device)
     if n_chunks > 0:
+        dh_arg = dy if dh is None else dh  # not touched without HAS_DH
         _ada_ln_bwd_kernel[(n_batch, n_chunks)](
-            dy, x, scale, mean, rstd, dx, dsc_part, dsh_part, seqlen, n_cols, rows,
-            dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), scale.stride(0) if scale.shape[0] > 1 else 0,
-            n_cols, dsc_part.stride(0), dsc_part.stride(1),
+            dy, dh_arg, x, scale, mean, rstd, dx, dsc_part, dsh_part, seqlen, n_cols, rows,
+            dy.stride(0), dy.stride(1), dh_arg.stride(0), dh_arg.stride(1), x.stride(0), x.stride(1),
+            _batch_stride(scale), n_cols, dsc_part.stride(0), dsc_part.stride(1), HAS_DH=dh is not None,
             ONE_BLOCK=n_cols <= block_n, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     return (dx, _reduce_partials(dsc_part, scale.shape[0], scale.dtype),
             _reduce_partials(dsh_part, n_shift_batch, shift_dtype))
@@ -470,6 +293,55 @@ _gate_fwd = FlashfuseOp("flashfuse::ada_layer_norm_gate_fwd", _gate_fwd_impl, fa
                         setup_context=_gate_setup_context, backward=_gate_backward)
 
 
+# The residual form: h = residual + gate * x and y = LN(h) * (1 + scale) + shift in one forward kernel; the
+# backward is the LayerNorm kernel on h adding h's own gradient (dh_total), then the gate's on dh_total.
+
+def _ada_ln_res_fwd_impl(x: Tensor, residual: Tensor, gate: Optional[Tensor], scale: Tensor, shift: Tensor,
+                         eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return ada_layer_norm_residual_forward(x, residual, gate, scale, shift, eps)
+
+
+def _ada_ln_res_fwd_fake(x, residual, gate, scale, shift, eps):
+    h = x.new_empty(x.shape, dtype=_h_dtype(x, residual, gate))
+    y, mean, rstd = _ada_ln_fwd_fake(h, scale, shift, eps)
+    return y, h, mean, rstd
+
+
+def _ada_ln_res_bwd_impl(dy: Tensor, dh: Tensor, h: Tensor, scale: Tensor, shift_like: Tensor, mean: Tensor,
+                         rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return ada_layer_norm_backward(dy, h, scale, shift_like.dtype, shift_like.shape[0], mean, rstd, dh)
+
+
+def _ada_ln_res_bwd_fake(dy, dh, h, scale, shift_like, mean, rstd):
+    return _ada_ln_bwd_fake(dy, h, scale, shift_like, mean, rstd)
+
+
+def _ada_ln_res_setup_context(ctx, inputs, output):
+    x, residual, gate, scale, shift, _eps = inputs
+    _y, h, mean, rstd = output
+    ctx.x_dtype, ctx.residual_dtype = x.dtype, residual.dtype
+    # The LayerNorm part needs h (an output), the gate's dgate = sum dh_total * x needs x.
+    ctx.save_for_backward(h, None if gate is None else x, gate, scale, shift.new_empty((shift.shape[0], 0)),
+                          mean, rstd)
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def _ada_ln_res_backward(ctx, dy, dh, _dmean, _drstd):
+    h, x, gate, scale, shift_like, mean, rstd = ctx.saved_tensors
+    # dh_total = dh + the LayerNorm's VJP (one kernel), of h's dtype; it is dresidual, and gate * dh_total is dx
+    dh_total, dscale, dshift = _ada_ln_res_bwd(last_dim_contiguous(dy), last_dim_contiguous(dh), h, scale,
+                                               shift_like, mean, rstd)
+    dx, dgate = (dh_total.to(ctx.x_dtype), None) if gate is None else _gate_bwd(dh_total, gate, x)
+    return dx, dh_total.to(ctx.residual_dtype), dgate, dscale, dshift, None
+
+
+_ada_ln_res_bwd = FlashfuseOp("flashfuse::ada_layer_norm_residual_bwd", _ada_ln_res_bwd_impl,
+                              fake=_ada_ln_res_bwd_fake)
+_ada_ln_res_fwd = FlashfuseOp("flashfuse::ada_layer_norm_residual_fwd", _ada_ln_res_fwd_impl,
+                              fake=_ada_ln_res_fwd_fake, setup_context=_ada_ln_res_setup_context,
+                              backward=_ada_ln_res_backward)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Public functions
 # ----------------------------------------------------------------------------------------------------
@@ -493,10 +365,10 @@ def _tokens(name: str, t) -> Tensor:
     return last_dim_contiguous(t)
 
 
-def ada_layer_norm(x, scale, shift, eps=1e-6):
+def ada_layer_norm(x, scale, shift, eps=1e-6, residual=None, gate=None):
     """Adaptive LayerNorm (DiT adaLN / adaLN-Zero modulation): ``LN(x) * (1 + scale) + shift``, with a
-    LayerNorm without weight and bias over the last dim; differentiable in x, scale and shift (Triton
-    forward and backward; dscale, dshift are deterministic sums over the tokens).
+    LayerNorm without weight and bias over the last dim; differentiable in every tensor argument (Triton
+    forward and backward; dscale, dshift, dgate are deterministic sums over the tokens).
 
     Shapes: x (batch, tokens, dim), any strides with a contiguous last dim; scale, shift (batch, dim) or
     (batch, 1, dim) (batch may be 1: one vector for every sample), e.g. the ``chunk(6, dim=1)`` views of
@@ -508,19 +380,45 @@ def ada_layer_norm(x, scale, shift, eps=1e-6):
     nn.LayerNorm(dim, elementwise_affine=False, eps=eps)`` (AdaLayerNormZero uses eps=1e-6). For an
     affine LayerNorm (BasicTransformerBlock's norm3) use ``layer_norm_modulate``.
 
+    Residual form (flash-attn's ``layer_norm_fn(..., residual=, prenorm=True)`` convention): with
+    ``residual`` (x's shape; x is then a branch's output, residual the stream it is added to) the
+    normalized input is the new stream ``h = residual + gate * x`` (``residual + x`` when gate is None;
+    gate: scale's shapes), computed in fp32 and rounded once to promote(residual, gate, x), bitwise
+    ``ada_layer_norm_gate(residual, gate, x)``; the LayerNorm normalizes that rounded h, so the result is
+    bitwise ``ada_layer_norm(ada_layer_norm_gate(residual, gate, x), scale, shift, eps)``, in one kernel
+    that reads residual and x and writes h and y (four tensors instead of five). Returns ``(y, h)``, y of
+    dtype promote(h, scale, shift); either may go unused in the loss.
+
     Example::
 
         x = torch.randn(2, 256, 1152, device="cuda", dtype=torch.bfloat16)           # DiT-XL tokens
         shift, scale, gate = emb.chunk(3, dim=1)                                      # each (2, 1152)
         h = ada_layer_norm(x, scale, shift)                                           # (2, 256, 1152)
         x = ada_layer_norm_gate(x, gate, attn(h))                                     # x + gate * attn
+
+        # a DiT block: the attention's gated residual, then the feed-forward's modulated LayerNorm
+        n, h = ada_layer_norm(attn_out, scale_mlp, shift_mlp, residual=h, gate=gate_msa)
+        h = ada_layer_norm_gate(h, gate_mlp, ff(n))                                   # h + gate_mlp * ff(n)
     """
     x = _tokens("x", x)
+    if residual is None and gate is not None:
+        raise ValueError("gate is given without residual; gate needs residual (h = residual + gate * x): pass "
+                         "residual=, or use ada_layer_norm_gate")
+    if residual is not None:
+        residual = _tokens("residual", residual)
+        check_same(("x", "residual"), (x, residual), dtype=False)
+        if residual.shape != x.shape:
+            raise ValueError(f"residual has shape {tuple(residual.shape)} but x has {tuple(x.shape)}; they must "
+                             "match (h = residual + gate * x)")
+        gate = None if gate is None else _per_sample("gate", gate, x, "x")
     scale = _per_sample("scale", scale, x, "x")
     shift = _per_sample("shift", shift, x, "x")
     if not torch.compiler.is_compiling() and (
             isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0):
         raise ValueError(f"eps is {eps!r}; supported: a finite number >= 0")
+    if residual is not None:
+        y, h, _, _ = _ada_ln_res_fwd(x, residual, gate, scale, shift, float(eps))
+        return y, h
     y, _, _ = _ada_ln_fwd(x, scale, shift, float(eps))
     return y
 
@@ -551,7 +449,7 @@ def ada_layer_norm_gate(residual, gate, y):
 # diffusers drop-ins (duck-typed: no diffusers import)
 # ----------------------------------------------------------------------------------------------------
 
-def layer_norm_modulate(norm, x, scale, shift):
+def layer_norm_modulate(norm, x, scale, shift, residual=None, gate=None):
     """Exactly diffusers' ``norm(x) * (1 + scale[:, None]) + shift[:, None]`` for a torch.nn.LayerNorm
     ``norm`` over the last dim, in one kernel: AdaLayerNormZero's ``self.norm`` (non-affine, eps 1e-6;
     its FP32LayerNorm variant too: the kernel computes in fp32 anyway) and BasicTransformerBlock's
@@ -560,12 +458,17 @@ def layer_norm_modulate(norm, x, scale, shift):
     An affine norm is folded into the modulation vectors (B x D work, in fp32, differentiable):
     (x_hat * w + b) * (1 + s) + t = x_hat * (1 + s') + t' with s' = w (1 + s) - 1, t' = b (1 + s) + t.
     x: (batch, tokens, dim); scale, shift: (batch, dim).
+
+    With ``residual`` (and ``gate``), ``norm`` is applied to ``h = residual + gate * x`` as in
+    ``ada_layer_norm``'s residual form, and the result is ``(y, h)``: BasicTransformerBlock's
+    ``h = gate_msa[:, None] * attn_out + h; n = norm3(h) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]``
+    is ``n, h = layer_norm_modulate(norm3, attn_out, scale_mlp, shift_mlp, residual=h, gate=gate_msa)``.
     """
     if not isinstance(norm, torch.nn.LayerNorm) or len(norm.normalized_shape) != 1:
         raise ValueError(f"norm is {norm!r}; supported: a torch.nn.LayerNorm over the last dim")
     weight, bias = norm.weight, norm.bias
     if weight is None and bias is None:
-        return ada_layer_norm(x, scale, shift, norm.eps)
+        return ada_layer_norm(x, scale, shift, norm.eps, residual, gate)
     one_s = 1 + scale.float()
     scale_f = one_s * weight.float() - 1 if weight is not None else scale.float()
     shift_f = shift.float() + one_s * bias.float() if bias is not None else shift.float()
@@ -573,7 +476,7 @@ def layer_norm_modulate(norm, x, scale, shift):
     # the output dtype is its promote(x, ...) too.
     dtype = functools.reduce(torch.promote_types, [p.dtype for p in (weight, bias, shift) if p is not None],
                              scale.dtype)
-    return ada_layer_norm(x, scale_f.to(dtype), shift_f.to(dtype), norm.eps)
+    return ada_layer_norm(x, scale_f.to(dtype), shift_f.to(dtype), norm.eps, residual, gate)
 
 
 def ada_layer_norm_zero_forward(module, x, timestep=None, class_labels=None, hidden_dtype=None, emb=None):

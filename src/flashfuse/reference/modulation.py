@@ -7,6 +7,8 @@ broadcasts over the batch), computed from the timestep / class embedding.
     x_hat = (x - mean(x)) / sqrt(var(x) + eps)          over D, biased variance, no affine weights
     ada_layer_norm(x, scale, shift)  = x_hat * (1 + scale) + shift
     ada_layer_norm_gate(residual, gate, y) = residual + gate * y
+    ada_layer_norm(x, scale, shift, residual=r, gate=g) = (ada_layer_norm(h, scale, shift), h)
+        with h = ada_layer_norm_gate(r, g, x)   (r + x without a gate)
 
 Arithmetic happens in fp32 (float64 for float64 inputs), one rounding to the output dtype
 promote(x, scale, shift) (promote(residual, gate, y) for the gate) at the end.
@@ -33,8 +35,18 @@ def _per_sample(v: torch.Tensor) -> torch.Tensor:
     return v[:, None, :] if v.dim() == 2 else v
 
 
-def ada_layer_norm_ref(x, scale, shift, eps=1e-6):
-    """x: (B, T, D); scale, shift: (B, D) or (B, 1, D). Returns LN(x) * (1 + scale) + shift."""
+def ada_layer_norm_ref(x, scale, shift, eps=1e-6, residual=None, gate=None):
+    """x: (B, T, D); scale, shift: (B, D) or (B, 1, D). Returns LN(x) * (1 + scale) + shift.
+
+    With residual (B, T, D) (and gate, scale's shapes, or None for 1): the LayerNorm's input is the new
+    residual stream h = residual + gate * x, rounded once to promote(residual, gate, x); returns (y, h)."""
+    if residual is not None:
+        if gate is None:
+            dtype = _compute_dtype(residual, x)
+            h = (residual.to(dtype) + x.to(dtype)).to(torch.promote_types(residual.dtype, x.dtype))
+        else:
+            h = ada_layer_norm_gate_ref(residual, gate, x)
+        return ada_layer_norm_ref(h, scale, shift, eps), h
     dtype = _compute_dtype(x, scale, shift)
     h = x.to(dtype)
     mean = h.mean(-1, keepdim=True)

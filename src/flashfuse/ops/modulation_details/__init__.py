@@ -1,0 +1,1 @@
+"""Private details of ``flashfuse.ops.modulation``: its Triton kernels."""
