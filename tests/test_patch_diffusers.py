@@ -10,6 +10,7 @@ diffusers' code, the context manager and errors.
 """
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -122,6 +123,7 @@ def expected_counts(model):
         "attn_processor": sum(type(m) is Attention and type(m.processor) in (AttnProcessor2_0, AttnProcessor)
                               for m in mods),
         "geglu": sum(type(m) in (GEGLU, SwiGLU) for m in mods),
+        "gelu_tanh": sum(type(m) is GELU and m.approximate == "tanh" for m in mods),
         "ada_layer_norm_zero": sum(type(m) is AdaLayerNormZero for m in mods),
         "ada_norm_zero_block": sum(type(m) is BasicTransformerBlock and m.norm_type == "ada_norm_zero" for m in mods),
         "transformer_2d_input": sum(type(m) is Transformer2DModel for m in mods),
@@ -336,9 +338,14 @@ def test_attention_processor_falls_back():
                                         (GELU, dict(approximate="none")), (GEGLU, dict(bias=False))],
                          ids=["geglu", "swiglu", "gelu_tanh", "gelu", "geglu_nobias"])
 def test_feed_forward_activation(cls, kwargs, device):
-    """Gated ones are patched (cuBLAS projection + one fused kernel); the plain GELU keeps diffusers' forward."""
+    """Gated ones are patched (cuBLAS projection + one fused kernel); the tanh GELU too (one GEMM with a GELU epilogue
+    on CUDA without autograd: test_patch_diffusers_gpu.py; here diffusers' forward runs under it), the exact GELU
+    keeps diffusers' forward (and no warning says so)."""
     module = cls(12, 20, **kwargs)
-    check_block(module, [torch.randn(2, 7, 12)], device=device, counts={} if cls is GELU else {"geglu": 1})
+    counts = {"geglu": 1} if cls is not GELU else {"gelu_tanh": 1} if kwargs["approximate"] == "tanh" else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_block(module, [torch.randn(2, 7, 12)], device=device, counts=counts)
     assert "forward" not in module.__dict__
 
 
@@ -351,7 +358,7 @@ def test_basic_transformer_block_ada_norm_zero_with_cross_attention(device):
     kwargs = dict(encoder_hidden_states=text, timestep=torch.tensor([2, 5]), class_labels=torch.tensor([1, 3]))
     check_block(block, [x], kwargs, device=device,
                 counts={"ada_norm_zero_block": 1, "ada_layer_norm_zero": 1, "attn_processor": 2,
-                        "layer_norm": 3})
+                        "layer_norm": 3, "gelu_tanh": 1})
 
 
 def test_layer_norm_block_is_not_an_adaln_block():

@@ -131,3 +131,60 @@ def test_compiled_patched_unet_matches_eager():
     out_err, train_err, (name, grad_err) = compiled_vs_eager(model, inputs, weight)
     assert out_err < 5e-3 and train_err < 5e-3 and grad_err < 2e-2, ("patched", out_err, train_err, name, grad_err)
     unpatch_diffusers(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+def test_gelu_tanh_epilogue_gpu(monkeypatch, dtype):
+    """diffusers' GELU(approximate="tanh") at DiT-XL's width (rows 2 x 37, a ragged count): without autograd one
+    torch._addmm_activation call (the GEMM's bias + tanh-GELU epilogue), within the dtype's rounding of the fp64
+    reference (fp32 with TF32 off: the exact GELU would be 5e-4 away, 100x the tolerance); with autograd diffusers'
+    forward, every gradient equal to the unpatched module's."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    calls = []
+    epilogue = torch._addmm_activation
+    monkeypatch.setattr(torch, "_addmm_activation", lambda *a, **kw: calls.append(1) or epilogue(*a, **kw))
+    torch.manual_seed(0)
+    module = diffusers.models.activations.GELU(1152, 4608, approximate="tanh").cuda().to(dtype)
+    x = torch.randn(2, 37, 1152, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        want = module(x)
+        ref = torch.nn.functional.gelu(torch.nn.functional.linear(x.double(), module.proj.weight.double(),
+                                                                  module.proj.bias.double()), approximate="tanh")
+    patch_diffusers(module)
+    assert patch_summary(module)["gelu_tanh"] == 1
+    with torch.no_grad():
+        out = module(x)
+    assert len(calls) == 1 and out.shape == want.shape and out.dtype == dtype
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 5e-6}[dtype]
+    assert rel_err(out, ref) < tol and rel_err(out, ref) < 2 * rel_err(want, ref) + 1e-6, (rel_err(out, ref),
+                                                                                           rel_err(want, ref))
+    xg = x.clone().requires_grad_()
+    out = module(xg)
+    out.float().square().sum().backward()
+    grads = [t.grad.clone() for t in (xg, module.proj.weight, module.proj.bias)]
+    assert len(calls) == 1                                     # autograd: diffusers' forward
+    unpatch_diffusers(module)
+    for t in (xg, module.proj.weight, module.proj.bias):
+        t.grad = None
+    module(xg).float().square().sum().backward()
+    for g, t in zip(grads, (xg, module.proj.weight, module.proj.bias)):
+        assert torch.equal(g, t.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_patched_dit_inference_gpu(dtype):
+    """The DiT-S-like model under torch.no_grad (the inference paths: the GELU epilogue, the Gluon forward at 256
+    tokens): patched output within 2x the unpatched half-precision model's error against the fp32 reference."""
+    model, inputs = dit_s()
+    ref = copy.deepcopy(model).cuda().float()
+    model = model.cuda().to(dtype)
+    with torch.no_grad():
+        ref_out = ref(**cast(inputs, torch.float32)).sample
+        eager_out = model(**cast(inputs, dtype)).sample
+        patch_diffusers(model)
+        assert patch_summary(model)["gelu_tanh"] == 4
+        out = model(**cast(inputs, dtype)).sample
+    unpatch_diffusers(model)
+    assert torch.isfinite(out).all()
+    err, eager_err = rel_err(out, ref_out), rel_err(eager_out, ref_out)
+    assert err < 2 * eager_err + 1e-3, (err, eager_err)

@@ -38,14 +38,18 @@ What the patch does (flags of `patch_diffusers`, all on by default):
 - ``geglu``: gated feed-forward activations get a generic forward on the same ``proj`` Linear: ``GEGLU``
   (diffusers' proj output is [hidden; gate], ``hidden * gelu(gate)``) is the cuBLAS projection followed by one
   fused `geglu` kernel reading the two halves in place, ``SwiGLU`` the same with `swiglu`. The non-gated
-  ``GELU`` (DiT's "gelu-approximate") keeps diffusers' forward: a Linear then one elementwise GELU is already
-  what a fused epilogue would save little on, and flashfuse's epilogue-fused Triton GEMM trails cuBLAS (see
-  ``flashfuse.nn.mlp``).
+  ``GELU(approximate="tanh")`` ("gelu-approximate": DiT, PixArt, SD3, Flux feed-forwards) runs, on CUDA
+  without autograd, as one cuBLASLt GEMM whose epilogue adds the bias and applies the tanh GELU
+  (``torch._addmm_activation``): the projection's output is written once, activated, instead of written,
+  read and written again by an elementwise GELU (H100, DiT-XL/2's 8192 x 1152 x 4608 in fp16: 161 us vs 199;
+  flashfuse's own epilogue-fused Triton GEMM trails cuBLAS, see ``flashfuse.nn.mlp``). With gradients it
+  keeps diffusers' forward (the op has no backward); exact GELU (``approximate="none"``) too.
 - ``adaln``: ``AdaLayerNormZero`` (DiT, SD3, ...) gets a forward whose LayerNorm + modulation is one
   `ada_layer_norm(x, scale_msa, shift_msa)` kernel (its FP32LayerNorm variant too); ``BasicTransformerBlock``
   with ``norm_type="ada_norm_zero"`` a forward where the gated residuals (``h + gate_msa * attn``,
   ``h + gate_mlp * ff``) are `ada_layer_norm_gate` and norm3 + (1 + scale_mlp) + shift_mlp is one kernel (an
-  affine norm3 is folded into the modulation vectors: ``layer_norm_modulate``). DiT's final ``norm_out``
+  affine norm3 is folded into the modulation vectors: ``layer_norm_modulate``); without cross-attention or
+  GLIGEN (DiT) the first gated residual and norm3's modulation are one kernel (``residual=``, ``gate=``). DiT's final ``norm_out``
   modulation lives in the model's own forward and stays eager.
 - ``layout``: ``Transformer2DModel`` (SD's spatial transformer) gets its own ``_operate_on_continuous_inputs``
   and ``_get_output_for_continuous_inputs`` for channels_last inputs: the (b, c, h, w) activation is read as
@@ -76,9 +80,10 @@ from torch import nn
 from ..nn.group_norm import GroupNormAct
 from ..nn.norm import LayerNorm
 from ..ops.group_norm import group_norm
-from ..nn.mlp import gated_activation
 from ..ops.modulation import ada_layer_norm_gate, ada_layer_norm_zero_forward, layer_norm_modulate
 from .diffusers_attention import FlashfuseAttnProcessor, _kernel_ok, _rescale
+from .diffusers_feedforward import (_geglu_forward, _gelu_tanh_check, _gelu_tanh_forward, _proj_activation,
+                                    _proj_check)
 
 __all__ = ["patch_diffusers", "unpatch_diffusers", "patched_diffusers", "patch_summary", "FlashfuseAttnProcessor"]
 
@@ -222,29 +227,6 @@ def _resnet_block_check(module) -> str | None:
     return None
 
 
-def _geglu_forward(self, hidden_states, *args, **kwargs):
-    """GEGLU / SwiGLU: proj -> [hidden; gate] -> hidden * act(gate): the projection on cuBLAS, then one fused
-    gated-activation kernel on the two halves of its output (views, no copies)."""
-    if args or kwargs.get("scale") is not None or not _kernel_ok(hidden_states):
-        return type(self).forward(self, hidden_states, *args, **kwargs)
-    up, gate = self.proj(hidden_states).chunk(2, dim=-1)
-    return gated_activation(gate, up, self._flashfuse_act)
-
-
-def _proj_check(module) -> str | None:
-    if type(module.proj) is not nn.Linear:
-        return f"proj is {type(module.proj).__name__}, not Linear (a LoRA or quantized layer)"
-    name = type(module).__name__
-    if name == "SwiGLU" and type(module.activation) is not nn.SiLU:
-        return f"activation {module.activation!r}"
-    return None
-
-
-def _proj_activation(module) -> str:
-    """diffusers' GEGLU is the exact (erf) GELU; SwiGLU's activation is SiLU (checked by _proj_check)."""
-    return {"GEGLU": "geglu", "SwiGLU": "swiglu"}[type(module).__name__]
-
-
 def _ada_norm_zero_forward(self, x, timestep=None, class_labels=None, hidden_dtype=None, emb=None):
     """AdaLayerNormZero: LN(x) * (1 + scale_msa) + shift_msa in one kernel (flashfuse.ops.modulation's drop-in)."""
     if not _kernel_ok(x) or x.ndim != 3:
@@ -283,6 +265,12 @@ def _basic_block_forward(self, hidden_states, attention_mask=None, encoder_hidde
         attention_mask=attention_mask,
         **cross_attention_kwargs,
     )
+    if gligen_kwargs is None and self.attn2 is None:
+        # h + gate_msa * attn, then norm3(h) * (1 + scale_mlp) + shift_mlp (an affine norm3 folded into the
+        # modulation vectors): one kernel, the new h written once and not read back (DiT, PixArt without text)
+        norm_hidden_states, hidden_states = layer_norm_modulate(self.norm3, attn_output, scale_mlp, shift_mlp,
+                                                                residual=hidden_states, gate=gate_msa)
+        return _ff_gate(self, norm_hidden_states, hidden_states, gate_mlp)
     hidden_states = ada_layer_norm_gate(hidden_states, gate_msa, attn_output)  # h + gate_msa * attn
     if gligen_kwargs is not None:
         hidden_states = self.fuser(hidden_states, gligen_kwargs["objs"])
@@ -299,13 +287,18 @@ def _basic_block_forward(self, hidden_states, attention_mask=None, encoder_hidde
         hidden_states = attn_output + hidden_states
     # norm3(h) * (1 + scale_mlp) + shift_mlp; an affine norm3 is folded into the modulation vectors
     norm_hidden_states = layer_norm_modulate(self.norm3, hidden_states, scale_mlp, shift_mlp)
+    return _ff_gate(self, norm_hidden_states, hidden_states, gate_mlp)
+
+
+def _ff_gate(self, norm_hidden_states, hidden_states, gate_mlp):
+    """The block's feed-forward and its gated residual h + gate_mlp * ff."""
     if self._chunk_size is not None:
         from diffusers.models.attention import _chunked_feed_forward
 
         ff_output = _chunked_feed_forward(self.ff, norm_hidden_states, self._chunk_dim, self._chunk_size)
     else:
         ff_output = self.ff(norm_hidden_states)
-    return ada_layer_norm_gate(hidden_states, gate_mlp, ff_output)  # h + gate_mlp * ff
+    return ada_layer_norm_gate(hidden_states, gate_mlp, ff_output)
 
 
 def _basic_block_check(module) -> str | None:
@@ -332,6 +325,7 @@ class _Forward:
     count: str  # key in patch_summary
     setup: object = None  # module -> {attribute: value} stored on the instance for the forward
     method: str = "forward"  # the method bound per instance
+    quiet: str = ""  # a check's reason containing this keeps diffusers' forward without a warning (the usual case)
 
 
 _FORWARDS = (
@@ -341,10 +335,12 @@ _FORWARDS = (
              lambda m: {"_flashfuse_act": _proj_activation(m)}),
     _Forward("geglu", "diffusers.models.activations", "SwiGLU", _geglu_forward, _proj_check, "geglu",
              lambda m: {"_flashfuse_act": _proj_activation(m)}),
+    _Forward("geglu", "diffusers.models.activations", "GELU", _gelu_tanh_forward, _gelu_tanh_check, "gelu_tanh",
+             quiet="approximate="),  # exact-GELU feed-forwards keep a Linear and one elementwise GELU
     _Forward("adaln", "diffusers.models.normalization", "AdaLayerNormZero", _ada_norm_zero_forward,
              _ada_norm_zero_check, "ada_layer_norm_zero"),
     _Forward("adaln", "diffusers.models.attention", "BasicTransformerBlock", _basic_block_forward,
-             _basic_block_check, "ada_norm_zero_block"),
+             _basic_block_check, "ada_norm_zero_block", quiet="norm_type"),  # most blocks are not adaLN-Zero
     _Forward("layout", "diffusers.models.transformers.transformer_2d", "Transformer2DModel", _transformer_2d_input,
              lambda m: None, "transformer_2d_input", method="_operate_on_continuous_inputs"),
     _Forward("layout", "diffusers.models.transformers.transformer_2d", "Transformer2DModel", _transformer_2d_output,
@@ -376,7 +372,8 @@ def _class(module: str, name: str):
 
 _STATE = "_flashfuse_diffusers_patch"
 _COUNT_KEYS = ("group_norm_act", "group_norm", "layer_norm", "resnet_block", "attn_processor", "geglu",
-               "ada_layer_norm_zero", "ada_norm_zero_block", "transformer_2d_input", "transformer_2d_output")
+               "gelu_tanh", "ada_layer_norm_zero", "ada_norm_zero_block", "transformer_2d_input",
+               "transformer_2d_output")
 
 
 @dataclasses.dataclass
@@ -460,7 +457,7 @@ def _patch_forwards(model: nn.Module, flags: dict, state: _PatchState) -> None:
         if reason is None and row.method in module.__dict__:
             reason = f"it already has an instance-level {row.method} (a hook?)"
         if reason is not None:
-            if row.cls != "BasicTransformerBlock" or "norm_type" not in reason:  # most blocks are not adaLN-Zero
+            if not row.quiet or row.quiet not in reason:
                 kept[(row.cls, reason)] = kept.get((row.cls, reason), 0) + 1
             continue
         extra = row.setup(module) if row.setup is not None else {}
@@ -531,7 +528,8 @@ def patch_diffusers(model: nn.Module, *, norms: bool = True, attention: bool = T
             activation pairs fused; other GroupNorm / LayerNorm modules swapped for flashfuse ones (same
             Parameter objects, same state dict).
         attention: ``AttnProcessor2_0`` / ``AttnProcessor`` -> `FlashfuseAttnProcessor`.
-        geglu: GEGLU / SwiGLU feed-forwards: the projection, then one fused gated-activation kernel.
+        geglu: GEGLU / SwiGLU feed-forwards: the projection, then one fused gated-activation kernel;
+            GELU(approximate="tanh") ones as one GEMM with a bias + GELU epilogue (CUDA, inference).
         adaln: AdaLayerNormZero and adaLN-Zero BasicTransformerBlocks with fused modulation and gated residuals.
         layout: Transformer2DModel keeps a channels_last input channels_last through its output projection and
             residual add (diffusers copies it to NCHW there).
@@ -578,8 +576,9 @@ def unpatch_diffusers(model: nn.Module) -> nn.Module:
 def patch_summary(model: nn.Module) -> dict:
     """How many modules `patch_diffusers` patched, by kind (all zeros for a model that is not patched):
     group_norm_act (GroupNorm + activation pairs), group_norm, layer_norm (swapped modules), resnet_block,
-    geglu (GEGLU / SwiGLU), ada_layer_norm_zero, ada_norm_zero_block (generic forwards), attn_processor,
-    transformer_2d_input, transformer_2d_output (Transformer2DModel's channels_last paths)."""
+    geglu (GEGLU / SwiGLU), gelu_tanh (GELU(approximate="tanh") feed-forwards), ada_layer_norm_zero,
+    ada_norm_zero_block (generic forwards), attn_processor, transformer_2d_input, transformer_2d_output
+    (Transformer2DModel's channels_last paths)."""
     state = model.__dict__.get(_STATE)
     return dict(state.counts) if state is not None else dict.fromkeys(_COUNT_KEYS, 0)
 
