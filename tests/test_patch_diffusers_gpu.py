@@ -144,7 +144,9 @@ def test_gelu_tanh_epilogue_gpu(monkeypatch, dtype):
     epilogue = torch._addmm_activation
     monkeypatch.setattr(torch, "_addmm_activation", lambda *a, **kw: calls.append(1) or epilogue(*a, **kw))
     torch.manual_seed(0)
-    module = diffusers.models.activations.GELU(1152, 4608, approximate="tanh").cuda().to(dtype)
+    from diffusers.models.activations import GELU  # diffusers' lazy modules: not an attribute before this import
+
+    module = GELU(1152, 4608, approximate="tanh").cuda().to(dtype)
     x = torch.randn(2, 37, 1152, device="cuda", dtype=dtype)
     with torch.no_grad():
         want = module(x)
