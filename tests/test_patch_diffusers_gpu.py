@@ -137,7 +137,7 @@ def test_compiled_patched_unet_matches_eager():
 def test_gelu_tanh_epilogue_gpu(monkeypatch, dtype):
     """diffusers' GELU(approximate="tanh") at DiT-XL's width (rows 2 x 37, a ragged count): without autograd one
     torch._addmm_activation call (the GEMM's bias + tanh-GELU epilogue), within the dtype's rounding of the fp64
-    reference (fp32 with TF32 off: the exact GELU would be 5e-4 away, 100x the tolerance); with autograd diffusers'
+    reference (fp32 with TF32 off: nearer the tanh GELU than the exact one by 10x or more); with autograd diffusers'
     forward, every gradient equal to the unpatched module's."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     calls = []
@@ -150,16 +150,19 @@ def test_gelu_tanh_epilogue_gpu(monkeypatch, dtype):
     x = torch.randn(2, 37, 1152, device="cuda", dtype=dtype)
     with torch.no_grad():
         want = module(x)
-        ref = torch.nn.functional.gelu(torch.nn.functional.linear(x.double(), module.proj.weight.double(),
-                                                                  module.proj.bias.double()), approximate="tanh")
+        pre = torch.nn.functional.linear(x.double(), module.proj.weight.double(), module.proj.bias.double())
+        ref, exact = (torch.nn.functional.gelu(pre, approximate=a) for a in ("tanh", "none"))
     patch_diffusers(module)
     assert patch_summary(module)["gelu_tanh"] == 1
     with torch.no_grad():
         out = module(x)
     assert len(calls) == 1 and out.shape == want.shape and out.dtype == dtype
-    tol = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 5e-6}[dtype]
-    assert rel_err(out, ref) < tol and rel_err(out, ref) < 2 * rel_err(want, ref) + 1e-6, (rel_err(out, ref),
-                                                                                           rel_err(want, ref))
+    err, eager_err = rel_err(out, ref), rel_err(want, ref)
+    if dtype == torch.float32:  # the epilogue's tanh is an approximation (2.6e-6 on an H100), the exact GELU 1e-4 away
+        assert err < 1e-5 and rel_err(out, exact) > 10 * err, (err, eager_err, rel_err(out, exact))
+    else:
+        tol = {torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+        assert err < tol and err < 2 * eager_err + 1e-6, (err, eager_err)
     xg = x.clone().requires_grad_()
     out = module(xg)
     out.float().square().sum().backward()
