@@ -21,6 +21,7 @@ diffusers = pytest.importorskip("diffusers")  # an optional extra; CI installs i
 from diffusers.models.activations import GEGLU, GELU, SwiGLU  # noqa: E402
 from diffusers.models.attention import BasicTransformerBlock  # noqa: E402
 from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0  # noqa: E402
+from diffusers.models.embeddings import Timesteps  # noqa: E402
 from diffusers.models.normalization import AdaLayerNormZero  # noqa: E402
 from diffusers.models.resnet import ResnetBlock2D  # noqa: E402
 from diffusers.models.transformers.transformer_2d import Transformer2DModel  # noqa: E402
@@ -124,6 +125,7 @@ def expected_counts(model):
                               for m in mods),
         "geglu": sum(type(m) in (GEGLU, SwiGLU) for m in mods),
         "gelu_tanh": sum(type(m) is GELU and m.approximate == "tanh" for m in mods),
+        "timesteps": sum(type(m) is Timesteps for m in mods),
         "ada_layer_norm_zero": sum(type(m) is AdaLayerNormZero for m in mods),
         "ada_norm_zero_block": sum(type(m) is BasicTransformerBlock and m.norm_type == "ada_norm_zero" for m in mods),
         "transformer_2d_input": sum(type(m) is Transformer2DModel for m in mods),
@@ -358,7 +360,7 @@ def test_basic_transformer_block_ada_norm_zero_with_cross_attention(device):
     kwargs = dict(encoder_hidden_states=text, timestep=torch.tensor([2, 5]), class_labels=torch.tensor([1, 3]))
     check_block(block, [x], kwargs, device=device,
                 counts={"ada_norm_zero_block": 1, "ada_layer_norm_zero": 1, "attn_processor": 2,
-                        "layer_norm": 3, "gelu_tanh": 1})
+                        "layer_norm": 3, "gelu_tanh": 1, "timesteps": 1})
 
 
 def test_layer_norm_block_is_not_an_adaln_block():
@@ -376,14 +378,14 @@ def test_layer_norm_block_is_not_an_adaln_block():
 
 def test_flags_select_what_is_patched():
     model, _, _ = dit()
-    patch_diffusers(model, norms=False, attention=True, geglu=False, adaln=False)
+    patch_diffusers(model, norms=False, attention=True, geglu=False, adaln=False, embeddings=False)
     assert {k for k, v in patch_summary(model).items() if v} == {"attn_processor"}
     assert not any("forward" in m.__dict__ for m in model.modules())
     assert sum(type(m) is nn.LayerNorm for m in model.modules()) == expected_counts(model)["layer_norm"] > 0
     patch_diffusers(model, norms=True, attention=False, geglu=True, adaln=True)  # re-patch: the first undone
     assert patch_summary(model)["attn_processor"] == 0
     assert all(type(m.processor) is AttnProcessor2_0 for m in model.modules() if type(m) is Attention)
-    assert patch_summary(model)["ada_norm_zero_block"] == 2
+    assert patch_summary(model)["ada_norm_zero_block"] == 2 and patch_summary(model)["timesteps"] == 2
     unpatch_diffusers(model)
 
 
@@ -393,7 +395,9 @@ def test_generic_forwards_fall_back_for_float64():
     inputs = to64(inputs)
     with torch.no_grad():
         want = model(**inputs).sample
-        patch_diffusers(model, norms=False)  # swapped norm modules have no float64 path; forwards do
+        # swapped norm modules have no float64 path; forwards do. Timesteps embeds in fp32 whatever the model's
+        # dtype, in torch's CUDA op order (on the CPU diffusers divides where CUDA multiplies by the reciprocal)
+        patch_diffusers(model, norms=False, embeddings=False)
         assert patch_summary(model)["ada_norm_zero_block"] == 2
         assert torch.equal(model(**inputs).sample, want)
     unpatch_diffusers(model)

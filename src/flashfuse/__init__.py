@@ -19,6 +19,7 @@ from .ops.attention.interface import (  # noqa: E402
 )
 from .ops.attention.kvcache import flash_attn_with_kvcache  # noqa: E402
 from .ops.cross_entropy import cross_entropy, fused_linear_cross_entropy  # noqa: E402
+from .ops.embeddings import timestep_embedding  # noqa: E402
 from .ops.glu import geglu, swiglu  # noqa: E402
 from .ops.group_norm import group_norm  # noqa: E402
 from .ops.matmul import fused_mlp, gated_mlp, linear  # noqa: E402
@@ -66,6 +67,7 @@ __all__ = [
     "rms_norm",
     "scaled_dot_product_attention",
     "swiglu",
+    "timestep_embedding",
     "unpatch_diffusers",
     "unpatch_transformers",
 ]

@@ -41,16 +41,15 @@ What the patch does (flags of `patch_diffusers`, all on by default):
   ``GELU(approximate="tanh")`` ("gelu-approximate": DiT, PixArt, SD3, Flux feed-forwards) runs, on CUDA
   without autograd, as one cuBLASLt GEMM whose epilogue adds the bias and applies the tanh GELU
   (``torch._addmm_activation``): the projection's output is written once, activated, instead of written,
-  read and written again by an elementwise GELU (H100, DiT-XL/2's 8192 x 1152 x 4608 in fp16: 161 us vs 199;
-  flashfuse's own epilogue-fused Triton GEMM trails cuBLAS, see ``flashfuse.nn.mlp``). With gradients it
-  keeps diffusers' forward (the op has no backward); exact GELU (``approximate="none"``) too.
+  read and written again by an elementwise GELU (DiT-XL/2's fc1 in fp16 on an H100: 161 us vs 199). With
+  gradients, and for the exact GELU, diffusers' forward.
 - ``adaln``: ``AdaLayerNormZero`` (DiT, SD3, ...) gets a forward whose LayerNorm + modulation is one
   `ada_layer_norm(x, scale_msa, shift_msa)` kernel (its FP32LayerNorm variant too); ``BasicTransformerBlock``
   with ``norm_type="ada_norm_zero"`` a forward where the gated residuals (``h + gate_msa * attn``,
   ``h + gate_mlp * ff``) are `ada_layer_norm_gate` and norm3 + (1 + scale_mlp) + shift_mlp is one kernel (an
   affine norm3 is folded into the modulation vectors: ``layer_norm_modulate``); without cross-attention or
-  GLIGEN (DiT) the first gated residual and norm3's modulation are one kernel (``residual=``, ``gate=``). DiT's final ``norm_out``
-  modulation lives in the model's own forward and stays eager.
+  GLIGEN (DiT) the first gated residual and norm3's modulation are one kernel (``residual=``, ``gate=``).
+  DiT's final ``norm_out`` modulation lives in the model's own forward and stays eager.
 - ``layout``: ``Transformer2DModel`` (SD's spatial transformer) gets its own ``_operate_on_continuous_inputs``
   and ``_get_output_for_continuous_inputs`` for channels_last inputs: the (b, c, h, w) activation is read as
   (b, h * w, c) tokens in place, 1x1-conv projections run as Linears (cuBLAS with the bias in the epilogue,
@@ -58,6 +57,7 @@ What the patch does (flags of `patch_diffusers`, all on by default):
   out, so the residual add and the blocks after it stay channels_last (diffusers' speed tip for UNets) instead
   of one NCHW copy, one strided add and mixed-layout convolutions per transformer block. NCHW inputs run
   diffusers' own methods.
+- ``embeddings``: ``Timesteps`` (the sinusoidal embedding; DiT evaluates it in every block) is one kernel.
 
 Generic forwards are bound per instance (``module.forward``); at call time an input no kernel takes (float64,
 a CPU tensor outside the interpreter, the deprecated ``scale`` argument) runs the class's own forward. A
@@ -82,8 +82,8 @@ from ..nn.norm import LayerNorm
 from ..ops.group_norm import group_norm
 from ..ops.modulation import ada_layer_norm_gate, ada_layer_norm_zero_forward, layer_norm_modulate
 from .diffusers_attention import FlashfuseAttnProcessor, _kernel_ok, _rescale
-from .diffusers_feedforward import (_geglu_forward, _gelu_tanh_check, _gelu_tanh_forward, _proj_activation,
-                                    _proj_check)
+from .diffusers_forwards import (_geglu_forward, _gelu_tanh_check, _gelu_tanh_forward, _proj_activation, _proj_check,
+                                 _timesteps_check, _timesteps_forward)
 
 __all__ = ["patch_diffusers", "unpatch_diffusers", "patched_diffusers", "patch_summary", "FlashfuseAttnProcessor"]
 
@@ -337,6 +337,8 @@ _FORWARDS = (
              lambda m: {"_flashfuse_act": _proj_activation(m)}),
     _Forward("geglu", "diffusers.models.activations", "GELU", _gelu_tanh_forward, _gelu_tanh_check, "gelu_tanh",
              quiet="approximate="),  # exact-GELU feed-forwards keep a Linear and one elementwise GELU
+    _Forward("embeddings", "diffusers.models.embeddings", "Timesteps", _timesteps_forward, _timesteps_check,
+             "timesteps"),
     _Forward("adaln", "diffusers.models.normalization", "AdaLayerNormZero", _ada_norm_zero_forward,
              _ada_norm_zero_check, "ada_layer_norm_zero"),
     _Forward("adaln", "diffusers.models.attention", "BasicTransformerBlock", _basic_block_forward,
@@ -372,7 +374,7 @@ def _class(module: str, name: str):
 
 _STATE = "_flashfuse_diffusers_patch"
 _COUNT_KEYS = ("group_norm_act", "group_norm", "layer_norm", "resnet_block", "attn_processor", "geglu",
-               "gelu_tanh", "ada_layer_norm_zero", "ada_norm_zero_block", "transformer_2d_input",
+               "gelu_tanh", "timesteps", "ada_layer_norm_zero", "ada_norm_zero_block", "transformer_2d_input",
                "transformer_2d_output")
 
 
@@ -517,7 +519,7 @@ def _restore(model: nn.Module, state: _PatchState) -> None:
 
 
 def patch_diffusers(model: nn.Module, *, norms: bool = True, attention: bool = True, geglu: bool = True,
-                    adaln: bool = True, layout: bool = True) -> nn.Module:
+                    adaln: bool = True, layout: bool = True, embeddings: bool = True) -> nn.Module:
     """Patch a built diffusers model (or any nn.Module holding diffusers blocks) in place with flashfuse kernels;
     returns the same model.
 
@@ -533,6 +535,7 @@ def patch_diffusers(model: nn.Module, *, norms: bool = True, attention: bool = T
         adaln: AdaLayerNormZero and adaLN-Zero BasicTransformerBlocks with fused modulation and gated residuals.
         layout: Transformer2DModel keeps a channels_last input channels_last through its output projection and
             residual add (diffusers copies it to NCHW there).
+        embeddings: the sinusoidal ``Timesteps`` embedding as one kernel (`flashfuse.ops.embeddings`).
 
     `patch_summary(model)` says how many modules of each kind were patched. Patching a patched model first
     undoes the previous patch. See the module docstring for the details. Example::
@@ -549,7 +552,7 @@ def patch_diffusers(model: nn.Module, *, norms: bool = True, attention: bool = T
         )
     if _STATE in model.__dict__:
         unpatch_diffusers(model)
-    flags = dict(norms=norms, attention=attention, geglu=geglu, adaln=adaln, layout=layout)
+    flags = dict(norms=norms, attention=attention, geglu=geglu, adaln=adaln, layout=layout, embeddings=embeddings)
     state = _PatchState(flags=flags)
     try:
         _patch_forwards(model, flags, state)  # before the norm swaps: the checks see diffusers' own modules
@@ -576,7 +579,7 @@ def unpatch_diffusers(model: nn.Module) -> nn.Module:
 def patch_summary(model: nn.Module) -> dict:
     """How many modules `patch_diffusers` patched, by kind (all zeros for a model that is not patched):
     group_norm_act (GroupNorm + activation pairs), group_norm, layer_norm (swapped modules), resnet_block,
-    geglu (GEGLU / SwiGLU), gelu_tanh (GELU(approximate="tanh") feed-forwards), ada_layer_norm_zero,
+    geglu (GEGLU / SwiGLU), gelu_tanh (GELU(approximate="tanh") feed-forwards), timesteps, ada_layer_norm_zero,
     ada_norm_zero_block (generic forwards), attn_processor, transformer_2d_input, transformer_2d_output
     (Transformer2DModel's channels_last paths)."""
     state = model.__dict__.get(_STATE)

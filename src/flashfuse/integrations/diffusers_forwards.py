@@ -1,13 +1,16 @@
-"""The feed-forward activations of ``patch_diffusers`` (its ``geglu`` flag): GEGLU / SwiGLU as the projection and one
-fused gated-activation kernel, GELU(approximate="tanh") as one GEMM with a bias + GELU epilogue. Generic forwards bound
-per instance by diffusers.py's table; importing this module does not import diffusers."""
+"""Generic forwards of ``patch_diffusers`` for small modules, bound per instance by diffusers.py's table (importing this
+module does not import diffusers): the feed-forward activations (its ``geglu`` flag: GEGLU / SwiGLU as the projection
+and one fused gated-activation kernel, GELU(approximate="tanh") as one GEMM with a bias + GELU epilogue) and the
+sinusoidal ``Timesteps`` embedding as one kernel (its ``embeddings`` flag)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from .._env import INTERPRET
 from ..nn.mlp import gated_activation
+from ..ops.embeddings import timestep_embedding
 from .diffusers_attention import _kernel_ok
 
 
@@ -55,3 +58,25 @@ def _proj_check(module) -> str | None:
 def _proj_activation(module) -> str:
     """diffusers' GEGLU is the exact (erf) GELU; SwiGLU's activation is SiLU (checked by _proj_check)."""
     return {"GEGLU": "geglu", "SwiGLU": "swiglu"}[type(module).__name__]
+
+
+def _timesteps_forward(self, timesteps, *args, **kwargs):
+    """diffusers' Timesteps: get_timestep_embedding(timesteps, num_channels, flip_sin_to_cos, downscale_freq_shift,
+    scale) as one kernel (flashfuse.ops.embeddings; ~11 small ops in diffusers, evaluated in every DiT block).
+    Timesteps that need a gradient, are not 1-D or are on the CPU outside the interpreter keep diffusers'
+    forward."""
+    on_device = isinstance(timesteps, torch.Tensor) and (
+        timesteps.is_cuda or (INTERPRET and timesteps.device.type == "cpu"))
+    if (args or kwargs or not on_device or timesteps.dim() != 1 or timesteps.dtype == torch.bool
+            or timesteps.is_complex() or (timesteps.requires_grad and torch.is_grad_enabled())):
+        return type(self).forward(self, timesteps, *args, **kwargs)
+    return timestep_embedding(timesteps, self.num_channels, self.flip_sin_to_cos, self.downscale_freq_shift,
+                              self.scale)
+
+
+def _timesteps_check(module) -> str | None:
+    if not all(hasattr(module, name) for name in ("num_channels", "flip_sin_to_cos", "downscale_freq_shift", "scale")):
+        return "a Timesteps without num_channels / flip_sin_to_cos / downscale_freq_shift / scale"
+    if module.num_channels // 2 == module.downscale_freq_shift:
+        return "num_channels // 2 == downscale_freq_shift (diffusers divides by zero there)"
+    return None
