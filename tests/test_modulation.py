@@ -263,20 +263,27 @@ def test_diffusers_ada_layer_norm_zero(device):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("affine", [False, True])
-def test_diffusers_basic_block_norm3(device, affine):
-    """BasicTransformerBlock(ada_norm_zero)'s feed-forward modulation ``norm3(h) * (1 + scale_mlp[:, None])
-    + shift_mlp[:, None]`` through layer_norm_modulate (the affine norm folded into scale / shift),
-    gradients included, against diffusers' expression in float64."""
+def ada_norm_zero_block(d, affine, device):
+    """A diffusers BasicTransformerBlock(ada_norm_zero) of width d, its norm3 affine (weight and bias away from
+    1 / 0) or not."""
     from diffusers.models.attention import BasicTransformerBlock
 
-    d = 40
     block = BasicTransformerBlock(d, 2, 20, norm_type="ada_norm_zero", num_embeds_ada_norm=10,
                                   norm_elementwise_affine=affine, norm_eps=1e-5).to(device)
     if affine:
         with torch.no_grad():
             block.norm3.weight.normal_(1.0, 0.3)
             block.norm3.bias.normal_(0.0, 0.3)
+    return block
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_diffusers_basic_block_norm3(device, affine):
+    """BasicTransformerBlock(ada_norm_zero)'s feed-forward modulation ``norm3(h) * (1 + scale_mlp[:, None])
+    + shift_mlp[:, None]`` through layer_norm_modulate (the affine norm folded into scale / shift),
+    gradients included, against diffusers' expression in float64."""
+    d = 40
+    block = ada_norm_zero_block(d, affine, device)
     h = torch.randn(2, 9, d, device=device, requires_grad=True)
     scale, shift = (vec((2, d), F32, device).requires_grad_() for _ in range(2))
     out = layer_norm_modulate(block.norm3, h, scale, shift)
@@ -301,15 +308,8 @@ def test_diffusers_basic_block_residual_norm3(device, affine):
     shift_mlp[:, None]``, is ``n, h = layer_norm_modulate(norm3, attn_output, scale_mlp, shift_mlp,
     residual=h, gate=gate_msa)``: both outputs and every gradient (norm3's weight and bias included)
     against diffusers' expression in float64, random cotangents on n and h."""
-    from diffusers.models.attention import BasicTransformerBlock
-
     d = 40
-    block = BasicTransformerBlock(d, 2, 20, norm_type="ada_norm_zero", num_embeds_ada_norm=10,
-                                  norm_elementwise_affine=affine, norm_eps=1e-5).to(device)
-    if affine:
-        with torch.no_grad():
-            block.norm3.weight.normal_(1.0, 0.3)
-            block.norm3.bias.normal_(0.0, 0.3)
+    block = ada_norm_zero_block(d, affine, device)
     h = torch.randn(2, 9, d, device=device, requires_grad=True)
     attn = torch.randn(2, 9, d, device=device, requires_grad=True)
     scale, shift, gate = (vec((2, d), F32, device).requires_grad_() for _ in range(3))

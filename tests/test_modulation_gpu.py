@@ -92,6 +92,20 @@ def test_diffusers_ada_layer_norm_zero_gpu():
     assert rel_err(ours[0], exact) < TOL[BF16]
 
 
+def assert_compiled_matches_eager(block, inputs, cot):
+    """block(**inputs) under torch.compile(fullgraph=True) equals eager bitwise: output and every input gradient."""
+    compiled = torch.compile(block, fullgraph=True)
+    results = []
+    for fn in (block, compiled):
+        leaves = {k: v.clone().requires_grad_() for k, v in inputs.items()}
+        out = fn(**leaves)
+        out.backward(cot)
+        results.append((out, {k: v.grad for k, v in leaves.items()}))
+    assert torch.equal(results[1][0], results[0][0])
+    for k in inputs:
+        assert torch.equal(results[1][1][k], results[0][1][k]), f"d{k} differs under torch.compile"
+
+
 @pytest.mark.parametrize("dtype", [BF16, F16])
 def test_compile_fullgraph_gpu(dtype):
     """A DiT half-block (modulate, a stand-in branch, gated residual) under torch.compile(fullgraph=True):
@@ -105,17 +119,7 @@ def test_compile_fullgraph_gpu(dtype):
         shift, scale, gate = emb.chunk(3, dim=1)
         return ada_layer_norm_gate(x, gate, ada_layer_norm(x, scale, shift) * 2)
 
-    compiled = torch.compile(block, fullgraph=True)
-    cot = torch.randn(b, t, d, device="cuda", dtype=dtype)
-    results = []
-    for fn in (block, compiled):
-        leaves = {k: v.clone().requires_grad_() for k, v in inputs.items()}
-        out = fn(**leaves)
-        out.backward(cot)
-        results.append((out, {k: v.grad for k, v in leaves.items()}))
-    assert torch.equal(results[1][0], results[0][0])
-    for k in inputs:
-        assert torch.equal(results[1][1][k], results[0][1][k]), f"d{k} differs under torch.compile"
+    assert_compiled_matches_eager(block, inputs, torch.randn(b, t, d, device="cuda", dtype=dtype))
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
@@ -132,14 +136,4 @@ def test_compile_fullgraph_residual_gpu(dtype):
                               gate=gate_msa)
         return ada_layer_norm_gate(h, gate_mlp, n * 2)
 
-    compiled = torch.compile(block, fullgraph=True)
-    cot = torch.randn(b, t, d, device="cuda", dtype=dtype)
-    results = []
-    for fn in (block, compiled):
-        leaves = {k: v.clone().requires_grad_() for k, v in inputs.items()}
-        out = fn(**leaves)
-        out.backward(cot)
-        results.append((out, {k: v.grad for k, v in leaves.items()}))
-    assert torch.equal(results[1][0], results[0][0])
-    for k in inputs:
-        assert torch.equal(results[1][1][k], results[0][1][k]), f"d{k} differs under torch.compile"
+    assert_compiled_matches_eager(block, inputs, torch.randn(b, t, d, device="cuda", dtype=dtype))
