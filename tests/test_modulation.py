@@ -356,6 +356,14 @@ def test_opcheck(device):
     torch.library.opcheck(torch.ops.flashfuse.ada_layer_norm_residual_fwd, (x, y, None, s, s1, 1e-6))
 
 
+def eager_and_grads(fn, inputs):
+    """fn(**inputs) on fresh leaves, and their gradients of out.pow(2).sum()."""
+    leaves = {k: v.clone().requires_grad_() for k, v in inputs.items()}
+    out = fn(**leaves)
+    out.pow(2).sum().backward()
+    return out, {k: v.grad for k, v in leaves.items()}
+
+
 def test_compile_fullgraph(device):
     """A DiT half-block (modulate, a linear as the branch, gated residual) traces with each op as one node,
     forward and backward, equal to eager."""
@@ -368,12 +376,7 @@ def test_compile_fullgraph(device):
         return ada_layer_norm_gate(x, gate, ada_layer_norm(x, scale, shift) @ w)
 
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
-    results = []
-    for fn in (block, compiled):
-        leaves = {k: v.clone().requires_grad_() for k, v in inputs.items()}
-        out = fn(**leaves)
-        out.pow(2).sum().backward()
-        results.append((out, {k: v.grad for k, v in leaves.items()}))
+    results = [eager_and_grads(fn, inputs) for fn in (block, compiled)]
     torch.testing.assert_close(results[1][0], results[0][0])
     for k in inputs:
         torch.testing.assert_close(results[1][1][k], results[0][1][k])
@@ -404,12 +407,7 @@ def test_compile_fullgraph_residual(device, gate):
         return make_boxed_func(gm.forward)
 
     compiled = torch.compile(block, backend=aot_autograd(fw_compiler=record, bw_compiler=record), fullgraph=True)
-    results = []
-    for fn in (block, compiled):
-        leaves = {k: v.clone().requires_grad_() for k, v in inputs.items()}
-        out = fn(**leaves)
-        out.pow(2).sum().backward()
-        results.append((out, {k: v.grad for k, v in leaves.items()}))
+    results = [eager_and_grads(fn, inputs) for fn in (block, compiled)]
     assert len(graphs) == 2, "expected one forward and one backward graph"
     assert "ada_layer_norm_residual_fwd" in graphs[0] and "ada_layer_norm_residual_bwd" in graphs[1]
     # the block's last gated residual, and the fused op's gate (when given), each one gate backward

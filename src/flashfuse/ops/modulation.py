@@ -179,7 +179,7 @@ def ada_layer_norm_gate_forward(residual: Tensor, gate: Tensor, y: Tensor) -> Te
     block_m, block_n, num_warps = _elementwise_config(n_rows, n_cols)
     _gate_fwd_kernel[(cdiv(n_rows, block_m), cdiv(n_cols, block_n))](
         residual, gate, y, out, n_rows, seqlen, n_cols,
-        residual.stride(0), residual.stride(1), gate.stride(0) if gate.shape[0] > 1 else 0,
+        residual.stride(0), residual.stride(1), _batch_stride(gate),
         y.stride(0), y.stride(1), n_cols,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     return out
@@ -197,7 +197,7 @@ def ada_layer_norm_gate_backward(dout: Tensor, gate: Tensor, y: Tensor):
     if n_chunks > 0:
         _gate_bwd_kernel[(n_batch, n_chunks, n_col_blocks)](
             dout, gate, y, dy, part, seqlen, n_cols, rows,
-            dout.stride(0), dout.stride(1), gate.stride(0) if gate.shape[0] > 1 else 0,
+            dout.stride(0), dout.stride(1), _batch_stride(gate),
             y.stride(0), y.stride(1), n_cols, part.stride(0), part.stride(1),
             BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     return dy, _reduce_partials(part, gate.shape[0], gate.dtype)
