@@ -175,7 +175,8 @@ HOPPER_GPU_CONFIGS = [(64, _hopper(True)), (64, _hopper(False)), (128, _hopper(T
                       (176, _hopper(False, bn=64, o_from_regs=True, tail=64))]
 HOPPER_GPU_SHAPES = FAST_GPU_SHAPES + [(BF16, (1, 77), MHA, {}), (F16, (300, 100), GQA, {"causal": True}),
                                       (BF16, (1500, 777), GQA, {"window_size": (-1, 32)}),  # paired, rows with no key
-                                      (BF16, (1024, 1024), MHA, {"causal": True})]          # aligned diagonal
+                                      (BF16, (1024, 1024), MHA, {"causal": True}),          # aligned diagonal
+                                      (F16, (700, 900), GQA, {"causal": True, "softcap": 2.0})]  # tanh saturating
 HOPPER_GPU_CASES = [(d, cfg, *shape) for d, cfg in HOPPER_GPU_CONFIGS for shape in HOPPER_GPU_SHAPES]
 
 
@@ -320,6 +321,8 @@ HOPPER_BWD_SHAPES = [
     (BF16, (1, 77), MHA, {}),                                     # one query row
     (F16, (77, 1), GQA, {"causal": True}),                        # one key
     (BF16, (700, 900), GQA, {"causal": True, "window_size": (150, 0)}),   # a sliding window
+    (F16, (333, 517), GQA, {"causal": True, "softcap": 2.0}),             # softcap (session 48)
+    (BF16, (1024, 1024), MHA, {"softcap": 3.0, "softmax_scale": 0.5}),   # softcap, scores deep in the tanh's tails
 ]
 # 72 / 80: 64 columns plus a 16-column tail; 144 / 160 and 176 / 192: 128 columns plus a 32- / 64-column tail
 # (TAIL_DIM), 72, 144 and 176 with zero-filled columns
@@ -333,12 +336,12 @@ HOPPER_BWD_CASES = [(d, *shape) for d in (64, 128, 40, 72, 80, 96, 144, 160, 176
 def test_hopper_backward_gpu(monkeypatch, headdim, dtype, seqlens, heads, opts):
     """The Gluon backward alone (flash_bwd's grid removed) against the fp32 reference by flash-attn's
     criterion: every gradient, ragged ends, causal both ways, a right window, rows with no visible key
-    (their dq exactly 0), GQA / MQA (dk, dv summed over the group); head dims 65..80 and 129..192 in the tail
-    configs."""
+    (their dq exactly 0), GQA / MQA (dk, dv summed over the group), softcap; head dims 65..80 and 129..192 in the
+    tail configs."""
     _require_gluon()
     monkeypatch.setattr(flash_bwd, "_flash_bwd_kernel", None)
     q, k, v = rand_qkv(2, *seqlens, *heads, headdim, dtype=dtype, device="cuda")
-    plan = flash_bwd._hopper_plan(q, q, k, v, deterministic=False, extras=False)
+    plan = flash_bwd._hopper_plan(q, q, k, v, deterministic=False, extras=False, softcap="softcap" in opts)
     assert plan["TAIL_DIM"] == (16 if 64 < headdim <= 80 else 32 if 128 < headdim <= 160 else
                                 64 if 160 < headdim <= 192 else 0)
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)

@@ -2,8 +2,8 @@
 length-1 one, lengths q != k, rows that see no key) through flash_attn_varlen_func must launch the Gluon forward
 (flash_fwd_hopper, O stored from registers so no row of the next sequence is overwritten) and backward
 (flash_bwd_hopper: rows past a sequence's end masked, its last dK / dV block stored from registers; at 256 the dQ
-pass) and match flash-attn's semantics per sequence (out, lse and every gradient against an fp32 reference). The
-other varlen cases (ALiBi, softcap, dropout: the Triton kernels) are test_flash_attn_gpu.py's VARLEN_CASES."""
+pass) and match flash-attn's semantics per sequence (out, lse and every gradient against an fp32 reference), softcap
+too. The other varlen cases (ALiBi, dropout: the Triton kernels) are test_flash_attn_gpu.py's VARLEN_CASES."""
 
 from functools import partial
 
@@ -33,6 +33,8 @@ CASES = [
     pytest.param(6, BF16, 256, (16, 8), 1100, False, {"causal": True}, id="causal-gqa-bf16-d256"),
     pytest.param(7, BF16, 160, (16, 16), 1024, False, {}, id="bf16-d160"),
     pytest.param(8, BF16, 64, (8, 2), 8192, True, {}, id="gqa-bf16-d64-8k-three-consumers"),
+    pytest.param(9, F16, 128, (16, 4), 1500, False, {"causal": True, "softcap": 2.5}, id="softcap-causal-fp16-d128"),
+    pytest.param(10, BF16, 64, (8, 8), 4096, True, {"softcap": 3.0}, id="softcap-bf16-d64-4k"),
 ]
 
 

@@ -9,7 +9,9 @@ Three groups of cases (canonical layout: torch SDPA's (batch, nheads, seqlen, he
     FlexAttention compiled, and, where they fit in memory and seconds, the naive PyTorch version and
     SDPA's math backend. FLOPs: forward 4*B*H*S*S*D (x0.5 causal), backward 2.5 x forward.
     Packed batches (GPU): the same 16384 tokens as sequences of lengths drawn in [max / 8, max] (max = 2048,
-    4096), hd 64 / 128, through flash_attn_varlen_func, beside FlexAttention with a document mask.
+    4096), hd 64 / 128, through flash_attn_varlen_func, beside FlexAttention with a document mask. Softcap
+    (GPU): Gemma-2's causal attention with softcap 50 at hd 128 / 256 (seqlen 1024..4096), beside FlexAttention
+    with the same score_mod (SDPA has no softcap).
 (b) the progression (flashfuse.attention: naive -> basic -> vectorized -> blocked -> flash), forward,
     B=1, H=16, D=64, fp16, S = 256..8192; the slow kernels only where they finish in seconds.
 (c) long context: causal S = 65536, B=1, 16 heads of 128, bf16: the naive version cannot allocate its
@@ -42,6 +44,9 @@ FA_WIDE_QUICK_SEQLENS = (2048,)
 FA_VARLEN_MAX = (2048, 4096)
 FA_VARLEN_QUICK_MAX = (2048,)
 VARLEN_PROVIDERS = ("flashfuse", "flex")
+# Softcap (Gemma-2: softcap * tanh(score / softcap) before the softmax, 50.0; causal), same tokens; GPU only.
+FA_SOFTCAP, FA_SOFTCAP_HEADDIMS = 50.0, (128, 256)
+SOFTCAP_PROVIDERS = ("flashfuse", "flex")
 # (b) one (batch, head) grid small enough that the per-query kernels finish in seconds.
 PROG_BATCH, PROG_HEADS, PROG_HEADDIM = 1, 16, 64
 PROG_SEQLENS = (256, 512, 1024, 2048, 4096, 8192)
@@ -113,10 +118,10 @@ def _flashfuse(case: Case, q, k, v):
 
     if case.params.get("lens"):
         return _flashfuse_varlen(case, q, k, v)
-    causal = case.params["causal"]
+    causal, softcap = case.params["causal"], case.params.get("softcap", 0.0)
     # Its own layout, contiguous, as a flash-attn user would hold it; the copies are made here, untimed.
     qs, ks, vs = (_swap(t.detach()).contiguous().requires_grad_(t.requires_grad) for t in (q, k, v))
-    return Call(lambda: flash_attn_func(qs, ks, vs, causal=causal), leaves=(qs, ks, vs),
+    return Call(lambda: flash_attn_func(qs, ks, vs, causal=causal, softcap=softcap), leaves=(qs, ks, vs),
                 to_canon=_swap, from_canon=_swap)
 
 
@@ -153,10 +158,15 @@ def _flex(static: bool):
 
         allow_recompiles()
         p = case.params
-        key = (p["D"], p["causal"], case.dtype, static)
+        cap = p.get("softcap", 0.0)
+        key = (p["D"], p["causal"], case.dtype, static, cap)
         if key not in _FLEX:
             _FLEX[key] = torch.compile(flex_attention, dynamic=False if static else None)
         compiled = _FLEX[key]
+        score_mod = None
+        if cap:
+            def score_mod(score, b, h, q_idx, kv_idx):      # flash-attn's softcap, on the scaled score
+                return cap * torch.tanh(score / cap)
         mask = None
         if p.get("lens"):    # a packed batch: the document mask (built once per case, outside the timed callable)
             doc = torch.repeat_interleave(torch.arange(len(p["lens"]), device=q.device),
@@ -173,7 +183,7 @@ def _flex(static: bool):
             for t in (q, k, v):
                 for dim in (0, 1, 2):
                     torch._dynamo.maybe_mark_dynamic(t, dim)
-        return lambda: compiled(q, k, v, block_mask=mask)
+        return lambda: compiled(q, k, v, score_mod=score_mod, block_mask=mask)
     return factory
 
 
@@ -247,6 +257,9 @@ def _case(group_kind: str, B, H, S, D, causal, dtype, mode, providers, **extra) 
     else:
         name, group = f"long-context {mode} hd{D} {mask} S={S} {dt}", f"long-context hd{D} {mode} {dt}"
     lens = extra.get("lens")
+    if group_kind == "softcap":
+        name = f"{mode} hd{D} {mask} softcap S={S} {dt}"
+        group = f"softcap hd{D} {'causal' if causal else 'non-causal'} {mode} {dt}"
     if group_kind == "varlen":
         name = f"{mode} hd{D} {mask} varlen max={S} {dt}"
         group = f"varlen hd{D} {'causal' if causal else 'non-causal'} {mode} {dt}"
@@ -335,6 +348,11 @@ class Attention(Suite):
                             for S in FA_VARLEN_QUICK_MAX if opts.quick else FA_VARLEN_MAX:
                                 cases.append(_case("varlen", 1, FA_MODEL_DIM // D, S, D, causal, dtype, mode,
                                                    VARLEN_PROVIDERS, lens=varlen_lengths(FA_TOKENS, S)))
+                for D in FA_SOFTCAP_HEADDIMS:
+                    for mode in ("fwd", "bwd"):
+                        for S in FA_WIDE_QUICK_SEQLENS if opts.quick else FA_WIDE_SEQLENS:
+                            cases.append(_case("softcap", FA_TOKENS // S, FA_MODEL_DIM // D, S, D, True, dtype, mode,
+                                               SOFTCAP_PROVIDERS, softcap=FA_SOFTCAP))
         return cases
 
     def _progression_cases(self, opts):
@@ -367,7 +385,8 @@ class Attention(Suite):
             ends = _cu_seqlens(p["lens"], "cpu").tolist()
             return torch.cat([self.reference(case.replace(lens=None), *(t[:, :, a:b] for t in (q, k, v)))
                               for a, b in zip(ends[:-1], ends[1:])], dim=2)
-        out, _ = attention_ref(_swap(q), _swap(k), _swap(v), causal=p["causal"], compute_dtype=None)
+        out, _ = attention_ref(_swap(q), _swap(k), _swap(v), causal=p["causal"], softcap=p.get("softcap", 0.0),
+                               compute_dtype=None)
         return _swap(out)
 
     def check_case(self, case):

@@ -140,6 +140,15 @@ class KernelOptions(NamedTuple):
     flags: dict           # the HAS_/IS_ constexprs, BLOCK_D and EVEN_D
 
 
+def score_scales(softmax_scale: float, softcap: float) -> tuple[float, float]:
+    """(qk_scale, softcap_scale) of the Hopper kernels' scores qk_scale * x, or qk_scale * tanh(softcap_scale * x)
+    under a softcap (> 0): the log2-domain scale and the tanh's argument scale (kernel_options' values)."""
+    log2e = math.log2(math.e)
+    if softcap > 0.0:
+        return softcap * log2e, softmax_scale / softcap
+    return softmax_scale * log2e, 0.0
+
+
 def kernel_options(*, head_dim, block_d, softmax_scale, window_left, window_right, bottom_right, softcap,
                    alibi_slopes, attn_bias, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, dummy):
     """Absent optional tensors become ``dummy`` (never read: their HAS_ flag is off); scalars are

@@ -1,6 +1,6 @@
-"""Gluon pieces shared by the Hopper attention kernels (flash_fwd_hopper, flash_bwd_hopper, flash_bwd_dq_hopper): TMA
-boxes seen as tiles, a varlen sequence's bounds, and the producers' zeroing of rows past cu_seqlens[-1]; on the host,
-the shared-memory layouts and the 4-D descriptors' geometry."""
+"""Gluon pieces shared by the Hopper attention kernels (flash_fwd_hopper, flash_bwd_hopper, flash_bwd_dq_hopper): the
+softcap and its derivative, TMA boxes seen as tiles, a varlen sequence's bounds, and the producers' zeroing of rows
+past cu_seqlens[-1]; on the host, the shared-memory layouts and the 4-D descriptors' geometry."""
 
 from __future__ import annotations
 
@@ -21,6 +21,36 @@ if gluon is not None:
         """A [rows, HEAD_DIM] shared-memory tile seen as the descriptor's [1, rows, 1, HEAD_DIM] box: the unit
         dims change nothing in memory (same swizzle), only the rank TMA addresses."""
         return buf._reinterpret(buf.dtype, desc.block_type.shape, desc.layout)
+
+    @gluon.jit
+    def _softcap(x, softcap_scale, HAS_SOFTCAP: gl.constexpr):
+        """HAS_SOFTCAP: tanh(x * softcap_scale), the raw scores x = Q K^T capped (the score is softcap * tanh(scale * x /
+        softcap): the caller folds softcap * log2(e) into its qk_scale), else x. tanh.approx.f32 is one MUFU instruction
+        (relative error ~2^-11), as flash-attn's CUDA kernels take it (cutlass::fast_tanh); libdevice's is ~20."""
+        t = x
+        if HAS_SOFTCAP:
+            t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x * softcap_scale], dtype=gl.float32,
+                                          is_pure=True, pack=1)
+        return t
+
+    @gluon.jit
+    def _softcap_slope(t, HAS_SOFTCAP: gl.constexpr):
+        """HAS_SOFTCAP: 1 - t^2 for _softcap's t, in fp16 (the callers keep it beside P across the masks: 16 bits there
+        kept ptxas from spilling, and 1 - t^2 in [0, 1] keeps fp16's 11-bit precision down to 6e-5), else t (unused).
+        d(softcap * tanh(scale * x / softcap)) / dx = scale * (1 - t^2): dS's factor beside P (the callers fold the scale
+        into dS)."""
+        g = t
+        if HAS_SOFTCAP:
+            g = (1.0 - t * t).to(gl.float16)
+        return g
+
+    @gluon.jit
+    def _softcap_grad(p, g, HAS_SOFTCAP: gl.constexpr):
+        """HAS_SOFTCAP: P times _softcap_slope's g (dS = P (1 - t^2) (dP - delta) scale), else P."""
+        pg = p
+        if HAS_SOFTCAP:
+            pg = p * g.to(gl.float32)
+        return pg
 
     @gluon.jit
     def _zero_rows(tile, first):

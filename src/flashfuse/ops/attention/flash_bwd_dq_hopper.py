@@ -36,7 +36,8 @@ if gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-    from ._hopper_common import _load_zeroed, _packed_end, _seq_bounds, _tma_box
+    from ._hopper_common import (_load_zeroed, _packed_end, _seq_bounds, _softcap, _softcap_grad, _softcap_slope,
+                                 _tma_box)
 
     @gluon.jit
     def _query_block(cu_seqlens, seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT: gl.constexpr,
@@ -193,8 +194,9 @@ if gluon is not None:
                                                     _tma_box(smem[8].index(v_slot), descs[8]))
 
     @gluon.jit
-    def _dq_consumer(smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, HAS_LEFT: gl.constexpr,
-                     HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
+    def _dq_consumer(smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, softcap_scale,
+                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                     HAS_SOFTCAP: gl.constexpr, IS_VARLEN: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                      TAIL_DIM: gl.constexpr, V_STAGES: gl.constexpr):
         """Eight warps, each warpgroup its own 64 of the BLOCK_M = 128 query rows x all BLOCK_N keys: the schedule in
@@ -243,10 +245,13 @@ if gluon is not None:
             if TAIL_DIM > 0:
                 dp_tok = warpgroup_mma(smem[9], smem[8].index(v_slot).permute((1, 0)), dp_tok, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(s_tok, ))
+            s = _softcap(s, softcap_scale, HAS_SOFTCAP)
             p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+            slope = _softcap_slope(s, HAS_SOFTCAP)
             # (varlen: rows past the sequence's end need no mask here: their dQ rows are not stored)
             p = _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, False, BLOCK_M, BLOCK_N,
                            s_layout)
+            p = _softcap_grad(p, slope, HAS_SOFTCAP)
             dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok, ))
             if V_STAGES < NUM_STAGES:
                 gl.thread_barrier()         # both warpgroups' dP is done: V's slot is free
@@ -285,9 +290,9 @@ if gluon is not None:
     def _flash_bwd_dq_hopper_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, qt_desc, kt_desc, vt_desc, dot_desc,
         p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim, p_cu_seqlens_q, p_cu_seqlens_k,
-        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, window_left, window_right,
-        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
-        BLOCK_M: gl.constexpr,
+        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, softcap_scale, window_left, window_right,
+        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+        IS_VARLEN: gl.constexpr, BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr,
         KV_SMEM: gl.constexpr, TAIL_DIM: gl.constexpr, QT_SMEM: gl.constexpr,
         KVT_SMEM: gl.constexpr, V_STAGES: gl.constexpr, num_warps: gl.constexpr,
@@ -351,8 +356,9 @@ if gluon is not None:
         windows = (window_left, window_right)
         cu_seqlens = (p_cu_seqlens_q, p_cu_seqlens_k)
         gl.warp_specialize([
-            (_dq_consumer, (smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, HAS_LEFT, HAS_RIGHT,
-                            BOTTOM_RIGHT, IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, V_STAGES)),
+            (_dq_consumer, (smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, softcap_scale,
+                            HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM,
+                            NUM_STAGES, TAIL_DIM, V_STAGES)),
             (_dq_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
                             IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill, V_STAGES)),
         ], [1], [PRODUCER_REGS])
@@ -388,19 +394,20 @@ def dq_config(tail: int) -> dict:
 
 def hopper_backward_dq(dout, q, k, v, lse2, delta, dq, *, qk_scale, sm_scale, window_left, window_right,
                        bottom_right, tail=0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
-                       max_seqlen_k=0):
+                       max_seqlen_k=0, softcap_scale=0.0):
     """Write dq (shaped like q, contiguous; q's dtype or fp32) from validated inputs, lse2 / delta as
     flash_bwd_preprocess.hopper_backward_inputs makes them (rows a multiple of dq_config(tail)'s BLOCK_M), through the
     plan kept for this call signature. tail: 0 (head dims padded as kernel_head_dim says), or 32 / 64 (129..160 /
-    161..192 as 128 + tail columns, flash_bwd_hopper's TAIL_DIM). Varlen as flash_bwd_hopper.hopper_backward."""
+    161..192 as 128 + tail columns, flash_bwd_hopper's TAIL_DIM). Varlen and softcap_scale as
+    flash_bwd_hopper.hopper_backward."""
     varlen = None if cu_seqlens_q is None else (cu_seqlens_q.numel(), max_seqlen_q, max_seqlen_k)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dq.dtype, window_left,
-           window_right, bottom_right, tail, tuple(DQ_CONFIGS[tail].items()), tuple(lse2.shape), varlen,
-           launch_device())
+           window_right, bottom_right, softcap_scale > 0, tail, tuple(DQ_CONFIGS[tail].items()), tuple(lse2.shape),
+           varlen, launch_device())
     plan = _PLANS.get(key, lambda: _DqPlan(q, k, v, dout, dq, lse2, window_left, window_right, bottom_right, tail,
-                                           varlen))
+                                           varlen, softcap_scale > 0))
     cu_q, cu_k = (lse2, lse2) if varlen is None else (cu_seqlens_q, cu_seqlens_k)
-    plan(dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, cu_q, cu_k)
+    plan(dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, softcap_scale, cu_q, cu_k)
 
 
 _PLANS = PlanCache()
@@ -409,7 +416,7 @@ _PLANS = PlanCache()
 class _DqPlan:
     """Grid, descriptor geometry and constexprs of one call signature (as flash_bwd_hopper._BackwardPlan)."""
 
-    def __init__(self, q, k, v, dout, dq, lse2, window_left, window_right, bottom_right, tail, varlen):
+    def __init__(self, q, k, v, dout, dq, lse2, window_left, window_right, bottom_right, tail, varlen, softcap=False):
         head_dim = q.shape[-1]
         kernel_dim = main_width(head_dim, tail)
         width = tail or kernel_dim
@@ -435,13 +442,13 @@ class _DqPlan:
         self.windows = (window_left, window_right)
         self.launch = Launch(
             _launch_dq, (cdiv(seqlen_q, block_m) * batch * nheads_q, ), self.descriptors,
-            HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right,
+            HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=softcap,
             IS_VARLEN=varlen is not None, BLOCK_M=block_m,
             BLOCK_N=block_n, HEAD_DIM=kernel_dim, Q_SMEM=_smem_layout([block_m, kernel_dim], q.dtype),
             KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype),
             TAIL_DIM=tail, QT_SMEM=_smem_layout([block_m, width], q.dtype),
             KVT_SMEM=_smem_layout([block_n, width], q.dtype), **cfg)
 
-    def __call__(self, dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, cu_q, cu_k):
+    def __call__(self, dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, softcap_scale, cu_q, cu_k):
         self.launch(q, k, v, dout, lse2, delta, q, k, v, dout, dq, *self.sizes, cu_q, cu_k, *self.shape, qk_scale,
-                    sm_scale, *self.windows)
+                    sm_scale, softcap_scale, *self.windows)

@@ -38,7 +38,8 @@ import triton.language as tl
 
 from ..._env import INTERPRET
 from .._triton import cdiv, dot, ensure_tma_allocator, next_power_of_2, sm_count
-from ._flash_common import LOG2E, empty_packed, kernel_options, key_block_phases, score_mod, seq_bounds
+from ._flash_common import (LOG2E, empty_packed, kernel_options, key_block_phases, score_mod, score_scales,
+                            seq_bounds)
 from .dropout import dropout_keep
 from . import flash_fwd_hopper
 
@@ -473,10 +474,9 @@ def tma_compatible(*tensors) -> bool:
 def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softcap, alibi_slopes, attn_bias,
                        dropout_p, is_varlen, nheads_q, batch=0, max_seqlen_q=0, max_seqlen_k=0):
     """The fast kernel's config for this call, or None: the features it leaves out go to the kernel above. Varlen
-    (batch sequences of at most max_seqlen_q / k) only on the Gluon kernel, O stored from registers there."""
-    if not FAST_FORWARD or alibi_slopes is not None or attn_bias is not None:
-        return None
-    if dropout_p > 0.0 or softcap > 0.0:
+    (batch sequences of at most max_seqlen_q / k) and softcap only on the Gluon kernel, O stored from registers there
+    for varlen."""
+    if not FAST_FORWARD or alibi_slopes is not None or attn_bias is not None or dropout_p > 0.0:
         return None
     if is_varlen:         # the Gluon kernel's alone (flash_fwd_hopper_configs.varlen_config)
         if (GLUON_FORWARD and q.dtype in (torch.float16, torch.bfloat16) and flash_fwd_hopper.available(q.device)
@@ -499,7 +499,7 @@ def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softca
                                                      programs, num_sms, window_left >= 0)   # positional: tests patch it
         if cfg is not None:
             return dict(cfg, GLUON=True)
-    if window_left >= 0:                  # a left window: the Gluon kernel's alone
+    if window_left >= 0 or softcap > 0.0:   # a left window, a softcap: the Gluon kernel's alone
         return None
     cfg = fast_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1], programs, num_sms)
     if cfg is not None and cfg["USE_TMA"] and not tma_ok:
@@ -574,11 +574,12 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
     fast = _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softcap, alibi_slopes,
                               attn_bias, dropout_p, is_varlen, nheads_q, batch, seqlen_q, seqlen_k)
     if fast is not None and fast.pop("GLUON", False):
+        qk_scale, softcap_scale = score_scales(softmax_scale, softcap)
         return flash_fwd_hopper.hopper_forward(
             q, k, v, out, lse, q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, o_strides=o_strides,
             lse_strides=lse_strides, nheads_q=nheads_q, nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-            qk_scale=softmax_scale * math.log2(math.e), window_right=window_right, bottom_right=bottom_right,
-            config=fast, window_left=window_left, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+            qk_scale=qk_scale, window_right=window_right, bottom_right=bottom_right, config=fast,
+            window_left=window_left, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, softcap_scale=softcap_scale)
     if fast is not None:
         if fast["USE_TMA"] and not INTERPRET:
             ensure_tma_allocator()

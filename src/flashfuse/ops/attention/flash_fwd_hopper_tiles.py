@@ -6,17 +6,22 @@ from __future__ import annotations
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+
+    from ._hopper_common import _softcap
 except ImportError:  # a triton without Gluon: nothing here is defined or used
     gluon = None
 
 if gluon is not None:
     @gluon.jit
     def _softmax_block(s, m_i, l_i, j, m0, seqlen_q, seqlen_k, full_end, left_full, window_left, window_right,
-                       qk_scale, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+                       qk_scale, softcap_scale, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                       BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
         """Online-softmax step for key block j: s [BLOCK_M, BLOCK_N] raw Q K^T (fp32, s_layout).
         Returns (p, alpha, m_new, l_new); blocks reaching past full_end get the causal / length mask, blocks starting
-        before left_full (HAS_LEFT: the first key every row sees) the left window's."""
+        before left_full (HAS_LEFT: the first key every row sees) the left window's. HAS_SOFTCAP: the scores are
+        tanh(s * softcap_scale) times qk_scale (= softcap * log2(e)), capped before the mask."""
+        s = _softcap(s, softcap_scale, HAS_SOFTCAP)
         need_mask = (j + 1) * BLOCK_N > full_end
         if HAS_LEFT:
             need_mask = need_mask | (j * BLOCK_N < left_full)
