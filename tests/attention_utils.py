@@ -76,6 +76,15 @@ def alibi_slopes(shape, device):
     return (torch.rand(*shape, device=device) * 0.95 + 0.05).float()
 
 
+def with_alibi(opts, batch, nheads_q, device="cuda"):
+    """Test-case options with ``"alibi": "h"`` / ``"bh"`` replaced by random slopes (nheads_q,) / (batch, nheads_q)."""
+    opts = dict(opts)
+    alibi = opts.pop("alibi", None)
+    if alibi is not None:
+        opts["alibi_slopes"] = alibi_slopes((nheads_q,) if alibi == "h" else (batch, nheads_q), device)
+    return opts
+
+
 def flash_to_sdpa(x):
     """(batch, seqlen, nheads, headdim) -> (batch, nheads, seqlen, headdim) (a view)."""
     return x.transpose(1, 2)

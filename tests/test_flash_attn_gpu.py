@@ -14,9 +14,9 @@ from functools import partial
 import pytest
 import torch
 
-from attention_utils import (alibi_slopes, assert_finite, assert_zero_rows, check_attention, cu_seqlens,
-                             dropout_mask_for, exact_fp32_reference, flash_ref, no_key_rows_flash,  # noqa: F401
-                             no_key_rows_varlen, rand, rand_qkv, sdpa_ref, varlen_ref)
+from attention_utils import (assert_finite, assert_zero_rows, check_attention, cu_seqlens,  # noqa: F401
+                             dropout_mask_for, exact_fp32_reference, flash_ref, no_key_rows_flash,
+                             no_key_rows_varlen, rand, rand_qkv, sdpa_ref, varlen_ref, with_alibi)
 from flashfuse import (flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
                        scaled_dot_product_attention)
 
@@ -25,14 +25,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_reference")]
 F16, BF16 = torch.float16, torch.bfloat16
 MHA, GQA, MQA = (6, 6), (6, 2), (6, 1)                     # (nheads_q, nheads_k)
 REF = torch.float32                                        # reference dtype on the GPU (see the docstring)
-
-
-def _options(opts, batch, nheads_q):
-    opts = dict(opts)
-    alibi = opts.pop("alibi", None)
-    if alibi is not None:
-        opts["alibi_slopes"] = alibi_slopes((nheads_q,) if alibi == "h" else (batch, nheads_q), "cuda")
-    return opts
 
 
 # (dtype, headdim, (seqlen_q, seqlen_k), (nheads_q, nheads_k), options)
@@ -75,7 +67,7 @@ def _case_id(case):
 def test_flash_attn_func_gpu(dtype, headdim, seqlens, heads, opts):
     (seqlen_q, seqlen_k), (nheads_q, nheads_k), batch = seqlens, heads, 2
     q, k, v = rand_qkv(batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype=dtype, device="cuda")
-    opts = _options(opts, batch, nheads_q)
+    opts = with_alibi(opts, batch, nheads_q)
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
     assert out.dtype == dtype and out.shape == q.shape
     grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse,
@@ -124,7 +116,7 @@ def test_flash_attn_varlen_func_gpu(seed, nseq, dtype, headdim, heads, opts, dro
     v = rand(total_k, nheads_k, headdim, dtype=dtype, device="cuda")
     cu_q, cu_k = cu_seqlens(lens_q, "cuda"), cu_seqlens(lens_k, "cuda")
     max_q, max_k = max(lens_q), max(lens_k)
-    opts = _options(opts, len(lens_q), nheads_q)
+    opts = with_alibi(opts, len(lens_q), nheads_q)
     torch.manual_seed(seed)
     out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=dropout_p,
                                          return_attn_probs=True, **opts)
@@ -146,7 +138,7 @@ def test_flash_attn_varlen_func_gpu(seed, nseq, dtype, headdim, heads, opts, dro
 def test_flash_attn_dropout_gpu(dtype, headdim, seqlens, heads, dropout_p, opts):
     (seqlen_q, seqlen_k), (nheads_q, nheads_k), batch = seqlens, heads, 2
     q, k, v = rand_qkv(batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype=dtype, device="cuda")
-    opts = _options(opts, batch, nheads_q)
+    opts = with_alibi(opts, batch, nheads_q)
     torch.manual_seed(77)
     out = flash_attn_func(q, k, v, dropout_p=dropout_p, **opts)
     mask = dropout_mask_for(77, "cuda", batch, nheads_q, seqlen_q, seqlen_k, dropout_p)
@@ -316,7 +308,7 @@ def test_atomic_dq_gpu(monkeypatch, dtype, headdim, seqlens, heads, opts):
     monkeypatch.setattr(flash_bwd, "GLUON_BACKWARD", False)
     (seqlen_q, seqlen_k), (nheads_q, nheads_k), batch = seqlens, heads, 2
     q, k, v = rand_qkv(batch, seqlen_q, seqlen_k, nheads_q, nheads_k, headdim, dtype=dtype, device="cuda")
-    opts = _options(opts, batch, nheads_q)
+    opts = with_alibi(opts, batch, nheads_q)
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
     grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse,
                                              ref_dtype=REF)

@@ -10,7 +10,7 @@ import torch
 import triton
 
 from attention_utils import (assert_finite, assert_zero_rows, check_attention,  # noqa: F401 (a fixture)
-                             exact_fp32_reference, flash_ref, no_key_rows_flash, rand_qkv)
+                             exact_fp32_reference, flash_ref, no_key_rows_flash, rand_qkv, with_alibi)
 from flashfuse import flash_attn_func
 from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper, flash_fwd, flash_fwd_hopper
 
@@ -60,6 +60,7 @@ def test_fast_forward_configs_gpu(monkeypatch, headdim, spec, dtype, seqlens, he
     monkeypatch.setattr(flash_fwd, "fast_forward_config", lambda *a: _fast_cfg(*spec))
     monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
     q, k, v = rand_qkv(2, *seqlens, *heads, headdim, dtype=dtype, device="cuda")
+    opts = with_alibi(opts, 2, heads[0])
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
     grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse,
                                              ref_dtype=REF)
@@ -176,7 +177,9 @@ HOPPER_GPU_CONFIGS = [(64, _hopper(True)), (64, _hopper(False)), (128, _hopper(T
 HOPPER_GPU_SHAPES = FAST_GPU_SHAPES + [(BF16, (1, 77), MHA, {}), (F16, (300, 100), GQA, {"causal": True}),
                                       (BF16, (1500, 777), GQA, {"window_size": (-1, 32)}),  # paired, rows with no key
                                       (BF16, (1024, 1024), MHA, {"causal": True}),          # aligned diagonal
-                                      (F16, (700, 900), GQA, {"causal": True, "softcap": 2.0})]  # tanh saturating
+                                      (F16, (700, 900), GQA, {"causal": True, "softcap": 2.0}),  # tanh saturating
+                                      (BF16, (333, 517), GQA, {"alibi": "bh"}),                   # ALiBi both ways
+                                      (F16, (1024, 1000), MHA, {"causal": True, "alibi": "h"})]
 HOPPER_GPU_CASES = [(d, cfg, *shape) for d, cfg in HOPPER_GPU_CONFIGS for shape in HOPPER_GPU_SHAPES]
 
 
@@ -194,6 +197,7 @@ def test_hopper_forward_gpu(monkeypatch, headdim, config, dtype, seqlens, heads,
     monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
     monkeypatch.setattr(flash_fwd, "_flash_fwd_fast_kernel", None)
     q, k, v = rand_qkv(2, *seqlens, *heads, headdim, dtype=dtype, device="cuda")
+    opts = with_alibi(opts, 2, heads[0])
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
     grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse,
                                              ref_dtype=REF)
@@ -323,6 +327,8 @@ HOPPER_BWD_SHAPES = [
     (BF16, (700, 900), GQA, {"causal": True, "window_size": (150, 0)}),   # a sliding window
     (F16, (333, 517), GQA, {"causal": True, "softcap": 2.0}),             # softcap (session 48)
     (BF16, (1024, 1024), MHA, {"softcap": 3.0, "softmax_scale": 0.5}),   # softcap, scores deep in the tanh's tails
+    (F16, (700, 900), GQA, {"causal": True, "alibi": "h"}),               # ALiBi (session 48)
+    (BF16, (300, 257), MQA, {"alibi": "bh", "softcap": 4.0}),             # ALiBi both ways, with a softcap
 ]
 # 72 / 80: 64 columns plus a 16-column tail; 144 / 160 and 176 / 192: 128 columns plus a 32- / 64-column tail
 # (TAIL_DIM), 72, 144 and 176 with zero-filled columns
@@ -336,14 +342,16 @@ HOPPER_BWD_CASES = [(d, *shape) for d in (64, 128, 40, 72, 80, 96, 144, 160, 176
 def test_hopper_backward_gpu(monkeypatch, headdim, dtype, seqlens, heads, opts):
     """The Gluon backward alone (flash_bwd's grid removed) against the fp32 reference by flash-attn's
     criterion: every gradient, ragged ends, causal both ways, a right window, rows with no visible key
-    (their dq exactly 0), GQA / MQA (dk, dv summed over the group), softcap; head dims 65..80 and 129..192 in the
-    tail configs."""
+    (their dq exactly 0), GQA / MQA (dk, dv summed over the group), softcap, ALiBi; head dims 65..80 and 129..192 in
+    the tail configs."""
     _require_gluon()
     monkeypatch.setattr(flash_bwd, "_flash_bwd_kernel", None)
     q, k, v = rand_qkv(2, *seqlens, *heads, headdim, dtype=dtype, device="cuda")
-    plan = flash_bwd._hopper_plan(q, q, k, v, deterministic=False, extras=False, softcap="softcap" in opts)
+    plan = flash_bwd._hopper_plan(q, q, k, v, deterministic=False, extras=False,
+                                  score_mod="softcap" in opts or "alibi" in opts)
     assert plan["TAIL_DIM"] == (16 if 64 < headdim <= 80 else 32 if 128 < headdim <= 160 else
                                 64 if 160 < headdim <= 192 else 0)
+    opts = with_alibi(opts, 2, heads[0])
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
     grads, (_, ref_lse, _) = check_attention(partial(flash_ref, **opts), {"q": q, "k": k, "v": v}, out, lse=lse,
                                              ref_dtype=REF)

@@ -3,7 +3,7 @@ length-1 one, lengths q != k, rows that see no key) through flash_attn_varlen_fu
 (flash_fwd_hopper, O stored from registers so no row of the next sequence is overwritten) and backward
 (flash_bwd_hopper: rows past a sequence's end masked, its last dK / dV block stored from registers; at 256 the dQ
 pass) and match flash-attn's semantics per sequence (out, lse and every gradient against an fp32 reference), softcap
-too. The other varlen cases (ALiBi, dropout: the Triton kernels) are test_flash_attn_gpu.py's VARLEN_CASES."""
+and ALiBi too. The other varlen cases (dropout: the Triton kernels) are test_flash_attn_gpu.py's VARLEN_CASES."""
 
 from functools import partial
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attention_utils import (assert_zero_rows, check_attention, check_rows_past_last_sequence, cu_seqlens,
-                             exact_fp32_reference, no_key_rows_varlen, rand, varlen_ref)  # noqa: F401
+                             exact_fp32_reference, no_key_rows_varlen, rand, varlen_ref, with_alibi)  # noqa: F401
 from flashfuse import flash_attn_varlen_func
 from flashfuse.ops.attention import flash_bwd_hopper, flash_fwd_hopper
 
@@ -35,6 +35,8 @@ CASES = [
     pytest.param(8, BF16, 64, (8, 2), 8192, True, {}, id="gqa-bf16-d64-8k-three-consumers"),
     pytest.param(9, F16, 128, (16, 4), 1500, False, {"causal": True, "softcap": 2.5}, id="softcap-causal-fp16-d128"),
     pytest.param(10, BF16, 64, (8, 8), 4096, True, {"softcap": 3.0}, id="softcap-bf16-d64-4k"),
+    pytest.param(11, BF16, 128, (16, 4), 1300, False, {"causal": True, "alibi": "bh"}, id="alibi-causal-bf16-d128"),
+    pytest.param(12, F16, 256, (8, 8), 1000, True, {"alibi": "h"}, id="alibi-fp16-d256"),
 ]
 
 
@@ -56,6 +58,7 @@ def test_varlen_gluon_forward_gpu(monkeypatch, seed, dtype, headdim, heads, max_
     k = rand(total_k, nheads_k, headdim, dtype=dtype, device="cuda")
     v = rand(total_k, nheads_k, headdim, dtype=dtype, device="cuda")
     cu_q, cu_k = cu_seqlens(lens_q, "cuda"), cu_seqlens(lens_k, "cuda")
+    opts = with_alibi(opts, len(lens_q), nheads_q)
     out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_attn_probs=True,
                                          **opts)
     assert calls == [("hopper_forward", True)], "the varlen forward did not take the Gluon kernel"

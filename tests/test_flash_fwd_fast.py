@@ -208,14 +208,16 @@ def test_hopper_forward_plan():
     assert not hopper.descriptor_compatible(q, q[:, :, :1].expand(2, 8, 4, 64))      # K / V broadcast over heads
 
 
-def test_softcap_takes_gluon(monkeypatch):
-    """A softcap goes to the Gluon forward where it runs (16-bit; its scores tanh(scale * x / softcap) by
-    tanh.approx, the log2 scale softcap * log2(e): _flash_common.score_scales), never to the fast Triton kernel (no
-    softcap there): elsewhere the general Triton kernel takes it. Plans only (the kernels run in the GPU tier)."""
+@pytest.mark.parametrize("option", ["softcap", "alibi"])
+def test_score_mods_take_gluon(monkeypatch, option):
+    """A softcap or ALiBi goes to the Gluon forward where it runs (16-bit; scores tanh(scale * x / softcap) by
+    tanh.approx, the log2 scale softcap * log2(e): _flash_common.score_scales), never to the fast Triton kernel (not
+    there): elsewhere the general Triton kernel takes it. Plans only (the kernels run in the GPU tier)."""
     from flashfuse.ops.attention import _flash_common, flash_fwd, flash_fwd_hopper as hopper
 
     q = torch.empty(2, 4096, 16, 128, dtype=torch.bfloat16)
-    plan = partial(flash_fwd._fast_forward_plan, q, q, q, q, 128, -1, 0, 30.0, None, None, 0.0, False, 16)
+    softcap, slopes = (30.0, None) if option == "softcap" else (0.0, torch.rand(16))
+    plan = partial(flash_fwd._fast_forward_plan, q, q, q, q, 128, -1, 0, softcap, slopes, None, 0.0, False, 16)
     assert plan() is None                                            # the interpreter: the general kernel
     monkeypatch.setattr(flash_fwd, "INTERPRET", False)
     monkeypatch.setattr(hopper, "available", lambda device: True)
@@ -247,12 +249,12 @@ def test_hopper_backward_plan(monkeypatch):
         hopper.HOPPER_BWD_CONFIGS[128]
     assert flash_bwd._hopper_plan(q, q, q, q, deterministic=False, extras=True) is None
     configs = hopper.HOPPER_BWD_CONFIGS
-    # softcap is in the kernel (session 48); at head dim 64 in the transposed layout (the row layout spills)
-    assert plan(deterministic=False, softcap=True) == configs[128]
+    # softcap and ALiBi are in the kernel (session 48); at head dim 64 in the transposed layout (the row layout spills)
+    assert plan(deterministic=False, score_mod=True) == configs[128]
     q64 = torch.empty(2, 256, 4, 64, dtype=torch.bfloat16)
-    assert flash_bwd._hopper_plan(q64, q64, q64, q64, deterministic=False, extras=False, softcap=True) == \
-        hopper.HOPPER_BWD_SOFTCAP_CONFIGS[64]
-    assert hopper.HOPPER_BWD_SOFTCAP_CONFIGS[64]["SCORES_T"] and not configs[64]["SCORES_T"]
+    assert flash_bwd._hopper_plan(q64, q64, q64, q64, deterministic=False, extras=False, score_mod=True) == \
+        hopper.HOPPER_BWD_SCORE_MOD_CONFIGS[64]
+    assert hopper.HOPPER_BWD_SCORE_MOD_CONFIGS[64]["SCORES_T"] and not configs[64]["SCORES_T"]
     for head_dim, config, packed_config in (
             (40, configs[64], configs[64]), (72, configs[80], configs[128]), (96, configs[128], configs[128]),
             (112, configs[128], configs[128]), (136, configs[160], configs[256]),
@@ -312,7 +314,7 @@ def test_hopper_backward_vector_descriptors(head_dim, varlen, softcap):
     from flashfuse.ops.attention import flash_bwd_dq_hopper, flash_bwd_preprocess
     from flashfuse.ops.attention import flash_bwd_hopper as hopper
 
-    config = hopper.hopper_backward_config(head_dim, varlen, softcap)
+    config = hopper.hopper_backward_config(head_dim, varlen, softcap)     # (softcap: ALiBi too, in the plans)
     x = torch.randn(2, 77, 3, head_dim, dtype=torch.bfloat16)
     lse = torch.randn(2, 3, 77)
     extra, shape = {}, None
@@ -322,8 +324,8 @@ def test_hopper_backward_vector_descriptors(head_dim, varlen, softcap):
             dict(cu_seqlens_q=cu, max_seqlen_q=77), (cu.numel(), 77, 77)
     delta, lse2, _ = flash_bwd_preprocess.hopper_backward_inputs(x, x, lse, config["BLOCK_M"], **extra,
                                                                  rows_block=hopper.vector_block(config))
-    plan = hopper._BackwardPlan(x, x, x, x, torch.empty_like(x), lse2, -1, -1, True, config, shape, softcap)
-    assert plan.launch.constexprs["HAS_SOFTCAP"] == softcap
+    plan = hopper._BackwardPlan(x, x, x, x, torch.empty_like(x), lse2, -1, -1, True, config, shape, softcap, softcap)
+    assert plan.launch.constexprs["HAS_SOFTCAP"] == plan.launch.constexprs["HAS_ALIBI"] == softcap
     assert plan.descriptors[4] == plan.descriptors[5] and plan.descriptors[4][0] == list(lse2.shape)
     assert plan.descriptors[4][2] == [1, config["BLOCK_M"]]
     # the tail's boxes (q, k, v, dout, then the fp32 dQ buffer's) start at the main width's column
@@ -333,8 +335,8 @@ def test_hopper_backward_vector_descriptors(head_dim, varlen, softcap):
     assert [d[2][3] for d in plan.descriptors[9:]] == [tail or width] * 5 and len(plan.descriptors) == 14
     if config["DQ_PASS"]:
         dq_plan = flash_bwd_dq_hopper._DqPlan(x, x, x, x, torch.empty_like(x), lse2, -1, -1, True,
-                                              config["TAIL_DIM"], shape, softcap)
-        assert dq_plan.launch.constexprs["HAS_SOFTCAP"] == softcap
+                                              config["TAIL_DIM"], shape, softcap, softcap)
+        assert dq_plan.launch.constexprs["HAS_SOFTCAP"] == dq_plan.launch.constexprs["HAS_ALIBI"] == softcap
         block = flash_bwd_dq_hopper.dq_config(config["TAIL_DIM"])["BLOCK_M"]
         assert dq_plan.descriptors[4][0] == list(lse2.shape) and dq_plan.descriptors[4][2] == [1, block]
         assert lse2.shape[1] % block == 0

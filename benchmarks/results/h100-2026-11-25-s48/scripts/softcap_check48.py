@@ -14,6 +14,7 @@ import flashfuse.ops.attention.flash_bwd_hopper as B
 import flashfuse.ops.attention.flash_bwd_dq_hopper as DQ
 
 FLOATS = ("qk_scale", "sm_scale", "softcap_scale")
+ALIBI = os.environ.get("ALIBI") == "1"          # HAS_ALIBI in every compile (session 48's second part)
 
 
 def ptx_hash(ptx):
@@ -33,11 +34,11 @@ def build(fn, const, desc_type, num_warps, fp32=False):
         elif n.endswith("_desc"): sig[n] = desc_type(n)
         elif n in FLOATS: sig[n] = "fp32"
         elif n in ("p_dk", "p_dv", "p_dq"): sig[n] = "*fp32" if fp32 else "*bf16"
-        elif n == "p_lse": sig[n] = "*fp32"
+        elif n in ("p_lse", "p_alibi"): sig[n] = "*fp32"
         elif n == "p_out": sig[n] = "*bf16"
         elif n.startswith("p_cu"): sig[n] = "*i32"
         else: sig[n] = "i32"
-    const = {k: v for k, v in const.items() if k in [p.name for p in fn.params]}
+    const = {k: v for k, v in dict(const, HAS_ALIBI=ALIBI).items() if k in [p.name for p in fn.params]}
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if p.name == "p_lse"}
     t = time.time()
     k = triton.compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),

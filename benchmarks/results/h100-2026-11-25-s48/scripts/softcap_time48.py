@@ -1,29 +1,34 @@
-"""Session 48: softcap (Gemma-2's 50.0) on the Gluon kernels vs the Triton kernels that took it before, vs the same
+"""Session 48: softcap (Gemma-2's 50.0), or with MOD=alibi ALiBi (the standard slopes), on the Gluon kernels vs the Triton kernels that took it before, vs the same
 Gluon kernels without a softcap, vs compiled FlexAttention with the softcap score_mod; bf16, 16384 tokens, heads =
 2048 / hd. Forward as flash_fwd.flash_attn_forward, backward as flash_bwd.flash_attn_backward (preprocess, kernel,
 dQ cast), both CUDA-graph timed (do_bench_cudagraph, median); Flex eager (do_bench: its forward, or its autograd
 backward). At hd64 the backward also as the row layout (HOPPER_BWD_SOFTCAP_CONFIGS emptied), which spills under a
-softcap. Rounds alternate the order; outputs / gradients of every route checked against the first."""
+softcap. Rounds alternate the order; outputs / gradients of every route checked against the first. (gluon_nocap:
+the kernels without the score mod.)"""
 import os, torch
 from triton.testing import do_bench, do_bench_cudagraph
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper as B, flash_fwd
 
 CAP = 50.0
+ALIBI = os.environ.get("MOD") == "alibi"
 dims = [int(x) for x in os.environ.get("DIMS", "64,128,256").split(",")]
 seqs = [int(x) for x in os.environ.get("SEQS", "2048,4096").split(",")]
 rounds = int(os.environ.get("ROUNDS", "3"))
 flex = torch.compile(flex_attention)
-SOFTCAP_TABLE = dict(B.HOPPER_BWD_SOFTCAP_CONFIGS)
+TABLE = dict(B.HOPPER_BWD_SCORE_MOD_CONFIGS)
 
 
-def route(name):
+def route(name, slopes):
+    """The score mod's keyword arguments for this route."""
     flash_fwd.GLUON_FORWARD = not name.startswith("triton")
     flash_bwd.GLUON_BACKWARD = not name.startswith("triton")
-    B.HOPPER_BWD_SOFTCAP_CONFIGS.clear()
+    B.HOPPER_BWD_SCORE_MOD_CONFIGS.clear()
     if name != "gluon_rows":
-        B.HOPPER_BWD_SOFTCAP_CONFIGS.update(SOFTCAP_TABLE)
-    return 0.0 if name == "gluon_nocap" else CAP
+        B.HOPPER_BWD_SCORE_MOD_CONFIGS.update(TABLE)
+    if name == "gluon_nocap":
+        return {}
+    return dict(alibi_slopes=slopes) if ALIBI else dict(softcap=CAP)
 
 
 def rel(a, b):
@@ -41,9 +46,14 @@ for S in seqs:
             fl = 4 * Bn * H * S * S * hd * (0.5 if causal else 1)
             mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, S, S) if causal else None
             qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+            slopes = torch.exp2(-8.0 * torch.arange(1, H + 1, device="cuda", dtype=torch.float32) / H)
 
-            def score_mod(score, b, h, qi, ki):
-                return CAP * torch.tanh(score / CAP)
+            if ALIBI:
+                def score_mod(score, b, h, qi, ki):
+                    return score - slopes[h] * (qi - ki).abs()
+            else:
+                def score_mod(score, b, h, qi, ki):
+                    return CAP * torch.tanh(score / CAP)
             for mode in ("fwd", "bwd"):
                 names = ["gluon", "gluon_nocap", "triton", "flex"] + (["gluon_rows"] if hd == 64 and mode == "bwd"
                                                                       else [])
@@ -64,16 +74,16 @@ for S in seqs:
                                 fn(); torch.cuda.synchronize()
                                 ms = do_bench(fn, rep=100, return_mode="median")
                             else:
-                                cap = route(name)
+                                mod = route(name, slopes)
                                 fwd = lambda: flash_fwd.flash_attn_forward(q, k, v, softmax_scale=scale,
-                                                                           window_right=right, softcap=cap)
+                                                                           window_right=right, **mod)
                                 if mode == "fwd":
                                     fn = fwd
                                 else:
                                     out, lse = fwd()[:2]
                                     fn = lambda: flash_bwd.flash_attn_backward(dout, q, k, v, out, lse,
                                                                                softmax_scale=scale, window_right=right,
-                                                                               softcap=cap)
+                                                                               **mod)
                                 res_t = fn(); torch.cuda.synchronize()
                                 if name != "gluon_nocap":
                                     res_t = res_t[:1] if mode == "fwd" else res_t
@@ -86,6 +96,6 @@ for S in seqs:
                         except Exception as e:  # noqa: BLE001
                             print(f"  {name} failed: {type(e).__name__}: {str(e)[:400]}", flush=True)
                             res[name].append(float("nan"))
-                route("gluon")
+                route("gluon", slopes)
                 print(f"{mode} hd{hd} S={S} {'causal' if causal else 'full  '} " +
                       " ".join(f"{n}={'/'.join(f'{x:.0f}' for x in v)}" for n, v in res.items()), flush=True)

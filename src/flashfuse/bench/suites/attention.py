@@ -11,7 +11,8 @@ Three groups of cases (canonical layout: torch SDPA's (batch, nheads, seqlen, he
     Packed batches (GPU): the same 16384 tokens as sequences of lengths drawn in [max / 8, max] (max = 2048,
     4096), hd 64 / 128, through flash_attn_varlen_func, beside FlexAttention with a document mask. Softcap
     (GPU): Gemma-2's causal attention with softcap 50 at hd 128 / 256 (seqlen 1024..4096), beside FlexAttention
-    with the same score_mod (SDPA has no softcap).
+    with the same score_mod (SDPA has no softcap); ALiBi likewise (MPT / BLOOM: causal, hd 128, the standard slopes
+    2^(-8 (h + 1) / H)).
 (b) the progression (flashfuse.attention: naive -> basic -> vectorized -> blocked -> flash), forward,
     B=1, H=16, D=64, fp16, S = 256..8192; the slow kernels only where they finish in seconds.
 (c) long context: causal S = 65536, B=1, 16 heads of 128, bf16: the naive version cannot allocate its
@@ -46,7 +47,8 @@ FA_VARLEN_QUICK_MAX = (2048,)
 VARLEN_PROVIDERS = ("flashfuse", "flex")
 # Softcap (Gemma-2: softcap * tanh(score / softcap) before the softmax, 50.0; causal), same tokens; GPU only.
 FA_SOFTCAP, FA_SOFTCAP_HEADDIMS = 50.0, (128, 256)
-SOFTCAP_PROVIDERS = ("flashfuse", "flex")
+FA_ALIBI_HEADDIMS = (128,)
+SCORE_MOD_PROVIDERS = ("flashfuse", "flex")
 # (b) one (batch, head) grid small enough that the per-query kernels finish in seconds.
 PROG_BATCH, PROG_HEADS, PROG_HEADDIM = 1, 16, 64
 PROG_SEQLENS = (256, 512, 1024, 2048, 4096, 8192)
@@ -113,16 +115,22 @@ def _flashfuse_varlen(case: Case, q, k, v):
                 leaves=(qs, ks, vs), to_canon=lambda t: _swap(t.unsqueeze(0)), from_canon=lambda t: _swap(t)[0])
 
 
+def alibi_slopes(nheads: int, device) -> torch.Tensor:
+    """ALiBi's standard slopes 2^(-8 (h + 1) / nheads), fp32 (nheads,)."""
+    return torch.exp2(-8.0 * torch.arange(1, nheads + 1, device=device, dtype=torch.float32) / nheads)
+
+
 def _flashfuse(case: Case, q, k, v):
     from flashfuse import flash_attn_func
 
     if case.params.get("lens"):
         return _flashfuse_varlen(case, q, k, v)
     causal, softcap = case.params["causal"], case.params.get("softcap", 0.0)
+    slopes = alibi_slopes(q.shape[1], q.device) if case.params.get("alibi") else None
     # Its own layout, contiguous, as a flash-attn user would hold it; the copies are made here, untimed.
     qs, ks, vs = (_swap(t.detach()).contiguous().requires_grad_(t.requires_grad) for t in (q, k, v))
-    return Call(lambda: flash_attn_func(qs, ks, vs, causal=causal, softcap=softcap), leaves=(qs, ks, vs),
-                to_canon=_swap, from_canon=_swap)
+    return Call(lambda: flash_attn_func(qs, ks, vs, causal=causal, softcap=softcap, alibi_slopes=slopes),
+                leaves=(qs, ks, vs), to_canon=_swap, from_canon=_swap)
 
 
 def _sdpa(backend: str):
@@ -158,8 +166,8 @@ def _flex(static: bool):
 
         allow_recompiles()
         p = case.params
-        cap = p.get("softcap", 0.0)
-        key = (p["D"], p["causal"], case.dtype, static, cap)
+        cap, alibi = p.get("softcap", 0.0), p.get("alibi", False)
+        key = (p["D"], p["causal"], case.dtype, static, cap, alibi)
         if key not in _FLEX:
             _FLEX[key] = torch.compile(flex_attention, dynamic=False if static else None)
         compiled = _FLEX[key]
@@ -167,6 +175,11 @@ def _flex(static: bool):
         if cap:
             def score_mod(score, b, h, q_idx, kv_idx):      # flash-attn's softcap, on the scaled score
                 return cap * torch.tanh(score / cap)
+        elif alibi:
+            slopes = alibi_slopes(q.shape[1], q.device)
+
+            def score_mod(score, b, h, q_idx, kv_idx):      # flash-attn's ALiBi (equal lengths: no offset)
+                return score - slopes[h] * (q_idx - kv_idx).abs()
         mask = None
         if p.get("lens"):    # a packed batch: the document mask (built once per case, outside the timed callable)
             doc = torch.repeat_interleave(torch.arange(len(p["lens"]), device=q.device),
@@ -257,9 +270,9 @@ def _case(group_kind: str, B, H, S, D, causal, dtype, mode, providers, **extra) 
     else:
         name, group = f"long-context {mode} hd{D} {mask} S={S} {dt}", f"long-context hd{D} {mode} {dt}"
     lens = extra.get("lens")
-    if group_kind == "softcap":
-        name = f"{mode} hd{D} {mask} softcap S={S} {dt}"
-        group = f"softcap hd{D} {'causal' if causal else 'non-causal'} {mode} {dt}"
+    if group_kind in ("softcap", "alibi"):
+        name = f"{mode} hd{D} {mask} {group_kind} S={S} {dt}"
+        group = f"{group_kind} hd{D} {'causal' if causal else 'non-causal'} {mode} {dt}"
     if group_kind == "varlen":
         name = f"{mode} hd{D} {mask} varlen max={S} {dt}"
         group = f"varlen hd{D} {'causal' if causal else 'non-causal'} {mode} {dt}"
@@ -352,7 +365,12 @@ class Attention(Suite):
                     for mode in ("fwd", "bwd"):
                         for S in FA_WIDE_QUICK_SEQLENS if opts.quick else FA_WIDE_SEQLENS:
                             cases.append(_case("softcap", FA_TOKENS // S, FA_MODEL_DIM // D, S, D, True, dtype, mode,
-                                               SOFTCAP_PROVIDERS, softcap=FA_SOFTCAP))
+                                               SCORE_MOD_PROVIDERS, softcap=FA_SOFTCAP))
+                for D in FA_ALIBI_HEADDIMS:
+                    for mode in ("fwd", "bwd"):
+                        for S in FA_WIDE_QUICK_SEQLENS if opts.quick else FA_WIDE_SEQLENS:
+                            cases.append(_case("alibi", FA_TOKENS // S, FA_MODEL_DIM // D, S, D, True, dtype, mode,
+                                               SCORE_MOD_PROVIDERS, alibi=True))
         return cases
 
     def _progression_cases(self, opts):
@@ -385,8 +403,9 @@ class Attention(Suite):
             ends = _cu_seqlens(p["lens"], "cpu").tolist()
             return torch.cat([self.reference(case.replace(lens=None), *(t[:, :, a:b] for t in (q, k, v)))
                               for a, b in zip(ends[:-1], ends[1:])], dim=2)
+        slopes = alibi_slopes(q.shape[1], q.device) if p.get("alibi") else None
         out, _ = attention_ref(_swap(q), _swap(k), _swap(v), causal=p["causal"], softcap=p.get("softcap", 0.0),
-                               compute_dtype=None)
+                               alibi_slopes=slopes, compute_dtype=None)
         return _swap(out)
 
     def check_case(self, case):

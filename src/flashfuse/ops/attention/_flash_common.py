@@ -140,6 +140,11 @@ class KernelOptions(NamedTuple):
     flags: dict           # the HAS_/IS_ constexprs, BLOCK_D and EVEN_D
 
 
+def alibi_batch_stride(alibi_slopes) -> int:
+    """The batch stride of ALiBi slopes (nheads,) (one slope per head: 0) or (batch, nheads) (last dim contiguous)."""
+    return alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
+
+
 def score_scales(softmax_scale: float, softcap: float) -> tuple[float, float]:
     """(qk_scale, softcap_scale) of the Hopper kernels' scores qk_scale * x, or qk_scale * tanh(softcap_scale * x)
     under a softcap (> 0): the log2-domain scale and the tanh's argument scale (kernel_options' values)."""
@@ -161,7 +166,7 @@ def kernel_options(*, head_dim, block_d, softmax_scale, window_left, window_righ
         pointers=(cu_seqlens_q if is_varlen else dummy, cu_seqlens_k if is_varlen else dummy,
                   alibi_slopes if has_alibi else dummy, attn_bias if has_bias else dummy,
                   rng_state if has_dropout else dummy),
-        strides=(alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0,
+        strides=(alibi_batch_stride(alibi_slopes) if has_alibi else 0,
                  *(attn_bias.stride() if has_bias else (0, 0, 0, 0))),
         scalars=(softmax_scale * log2e, (softmax_scale / softcap) if has_softcap else 0.0, softcap * log2e,
                  window_left, window_right, float(dropout_p)),

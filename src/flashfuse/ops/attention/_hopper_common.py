@@ -1,5 +1,5 @@
 """Gluon pieces shared by the Hopper attention kernels (flash_fwd_hopper, flash_bwd_hopper, flash_bwd_dq_hopper): the
-softcap and its derivative, TMA boxes seen as tiles, a varlen sequence's bounds, and the producers' zeroing of rows
+softcap and its derivative, ALiBi's bias, TMA boxes seen as tiles, a varlen sequence's bounds, and the producers' zeroing of rows
 past cu_seqlens[-1]; on the host, the shared-memory layouts and the 4-D descriptors' geometry."""
 
 from __future__ import annotations
@@ -32,6 +32,19 @@ if gluon is not None:
             t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x * softcap_scale], dtype=gl.float32,
                                           is_pure=True, pack=1)
         return t
+
+    @gluon.jit
+    def _alibi_slope(alibi, i_b, i_h):
+        """Query head i_h's ALiBi slope for batch entry (varlen: sequence) i_b, times log2(e): alibi = (p_alibi, fp32
+        slopes [batch or 1, nheads_q]; their batch stride, 0 for one slope per head)."""
+        return gl.load(alibi[0] + i_b * alibi[1] + i_h) * 1.4426950408889634
+
+    @gluon.jit
+    def _alibi(s, qk_scale, slope, queries, keys):
+        """s * qk_scale - slope * |queries - keys|: ALiBi's bias in the log2 domain (slope = the head's slope * log2(e))
+        on scores s, queries / keys the tile's query and key indices as fp32, broadcastable to s ([M, 1] and [1, N],
+        or transposed) and shifted alike (only their difference counts; exact below 2^24)."""
+        return s * qk_scale - slope * gl.abs(queries - keys)
 
     @gluon.jit
     def _softcap_slope(t, HAS_SOFTCAP: gl.constexpr):

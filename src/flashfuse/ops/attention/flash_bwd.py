@@ -20,7 +20,7 @@ is the price of determinism and of no fp32 dQ buffer.
 
 On Hopper, ``deterministic=False`` (flash-attn's default) takes flash_bwd_hopper's Gluon kernel instead where
 it applies (``_hopper_plan``: 16-bit, head dims 33..256 (computed at 64 / 128, 128 + 32 / 64, 256), no dropout /
-ALiBi / bias; softcap, windows on either side and varlen are in): FlashAttention-3's layout, 5 products, dQ by TMA
+bias; softcap, ALiBi, windows on either side and varlen are in): FlashAttention-3's layout, 5 products, dQ by TMA
 reduce-adds into an fp32 buffer; above 128 dK / dV there and dQ in a pass of its own (flash_bwd_dq_hopper: 7
 products, nothing added across programs, so deterministic=True takes it too).
 
@@ -489,10 +489,10 @@ def _tma_applies(q, k, v, dout, head_dim, block_d, is_varlen) -> bool:
 GLUON_BACKWARD = True
 
 
-def _hopper_plan(dout, q, k, v, *, deterministic, extras, softcap=False):
+def _hopper_plan(dout, q, k, v, *, deterministic, extras, score_mod=False):
     """flash_bwd_hopper's config for this call, or None: deterministic=True where it adds dQ with TMA reduce-adds
-    (every head dim up to 128; above, the dQ pass sums in a fixed order), ALiBi / bias / dropout (``extras``: not in
-    that kernel; softcap is),
+    (every head dim up to 128; above, the dQ pass sums in a fixed order), bias / dropout (``extras``: not in that
+    kernel; softcap and ALiBi are, ``score_mod``),
     32-bit inputs, strides TMA cannot take, other GPUs. Varlen's packed (total, heads, head_dim) tensors compute head
     dims 129..256 at 256 (hopper_backward_config)."""
     if not GLUON_BACKWARD or extras or q.dtype not in (torch.float16, torch.bfloat16):
@@ -502,7 +502,7 @@ def _hopper_plan(dout, q, k, v, *, deterministic, extras, softcap=False):
     if not (flash_bwd_hopper.available(q.device) and tma_compatible(q, k, v, dout)
             and flash_bwd_hopper.descriptor_compatible(q, k, v, dout)):
         return None
-    config = flash_bwd_hopper.hopper_backward_config(q.shape[-1], varlen=q.dim() == 3, softcap=softcap)
+    config = flash_bwd_hopper.hopper_backward_config(q.shape[-1], varlen=q.dim() == 3, score_mod=score_mod)
     return None if config is None or (deterministic and not config["DQ_PASS"]) else config
 
 
@@ -533,10 +533,12 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     extras = score_extras or window_left >= 0           # the Triton grid's small tiles (atomic_backward_config)
     hopper_cfg = None
     if config is None and not (q.numel() == 0 or k.numel() == 0):
-        hopper_cfg = _hopper_plan(dout, q, k, v, deterministic=deterministic, softcap=softcap > 0,
-                                  extras=alibi_slopes is not None or attn_bias is not None or dropout_p > 0)
+        hopper_cfg = _hopper_plan(dout, q, k, v, deterministic=deterministic,
+                                  score_mod=softcap > 0 or alibi_slopes is not None,
+                                  extras=attn_bias is not None or dropout_p > 0)
     if hopper_cfg is not None:
         return flash_bwd_hopper.gluon_backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, softcap=softcap,
+                                               alibi_slopes=alibi_slopes,
                                                window_left=window_left, window_right=window_right,
                                                bottom_right=bottom_right, fp32_grads=fp32_grads, config=hopper_cfg,
                                                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,

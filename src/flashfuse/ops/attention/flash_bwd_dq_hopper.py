@@ -29,6 +29,7 @@ dQ product in flight while block j + 1's S and dP are issued made ptxas serializ
 from __future__ import annotations
 
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device
+from ._flash_common import alibi_batch_stride
 from ._hopper_common import _smem_layout, packed_geometry, sequence_geometry
 from .flash_fwd_hopper import gluon, main_width
 
@@ -36,8 +37,8 @@ if gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-    from ._hopper_common import (_load_zeroed, _packed_end, _seq_bounds, _softcap, _softcap_grad, _softcap_slope,
-                                 _tma_box)
+    from ._hopper_common import (_alibi, _alibi_slope, _load_zeroed, _packed_end, _seq_bounds, _softcap,
+                                 _softcap_grad, _softcap_slope, _tma_box)
 
     @gluon.jit
     def _query_block(cu_seqlens, seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT: gl.constexpr,
@@ -194,9 +195,9 @@ if gluon is not None:
                                                     _tma_box(smem[8].index(v_slot), descs[8]))
 
     @gluon.jit
-    def _dq_consumer(smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, softcap_scale,
+    def _dq_consumer(smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, softcap_scale, alibi,
                      HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                     HAS_SOFTCAP: gl.constexpr, IS_VARLEN: gl.constexpr,
+                     HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                      TAIL_DIM: gl.constexpr, V_STAGES: gl.constexpr):
         """Eight warps, each warpgroup its own 64 of the BLOCK_M = 128 query rows x all BLOCK_N keys: the schedule in
@@ -218,6 +219,9 @@ if gluon is not None:
                                                              instr_shape=[16, max(TAIL_DIM, 8), 16])
         TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
+        alibi_row = 0
+        if HAS_ALIBI:       # the slopes' row: this program's batch entry (varlen: sequence), as _query_block's
+            alibi_row = gl.program_id(0) // gl.cdiv(seqlen_q, BLOCK_M) // nheads_q
         b, q_start, k_start, seqlen_q, seqlen_k, i_h, m0, off, j0, n_blocks, live, _ = _query_block(
             cu_seqlens, seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
             BLOCK_N)
@@ -230,6 +234,9 @@ if gluon is not None:
             mbarrier.wait(do_ready, 0)
         lse2 = lse_smem.load(rows_layout)
         delta_scaled = delta_smem.load(rows_layout) * sm_scale
+        if HAS_ALIBI:       # this program's query head's slope (log2 domain)
+            alibi_slope = _alibi_slope(alibi, alibi_row, i_h)
+            alibi_q = gl.arange(0, BLOCK_M, layout=rows_layout).to(gl.float32)
         for j in range(n_blocks):
             slot = j % NUM_STAGES
             phase = (j // NUM_STAGES) & 1
@@ -246,12 +253,17 @@ if gluon is not None:
                 dp_tok = warpgroup_mma(smem[9], smem[8].index(v_slot).permute((1, 0)), dp_tok, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(s_tok, ))
             s = _softcap(s, softcap_scale, HAS_SOFTCAP)
-            p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-            slope = _softcap_slope(s, HAS_SOFTCAP)
+            if HAS_ALIBI:       # keys from the block's n0, queries from m0
+                alibi_k = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)) + (n0 - m0 - off)).to(gl.float32)
+                p = gl.exp2(_alibi(s, qk_scale, alibi_slope, gl.expand_dims(alibi_q, 1), gl.expand_dims(alibi_k, 0))
+                            - gl.expand_dims(lse2, 1))
+            else:
+                p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+            dtanh = _softcap_slope(s, HAS_SOFTCAP)
             # (varlen: rows past the sequence's end need no mask here: their dQ rows are not stored)
             p = _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, False, BLOCK_M, BLOCK_N,
                            s_layout)
-            p = _softcap_grad(p, slope, HAS_SOFTCAP)
+            p = _softcap_grad(p, dtanh, HAS_SOFTCAP)
             dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok, ))
             if V_STAGES < NUM_STAGES:
                 gl.thread_barrier()         # both warpgroups' dP is done: V's slot is free
@@ -290,9 +302,9 @@ if gluon is not None:
     def _flash_bwd_dq_hopper_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, qt_desc, kt_desc, vt_desc, dot_desc,
         p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim, p_cu_seqlens_q, p_cu_seqlens_k,
-        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, softcap_scale, window_left, window_right,
-        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-        IS_VARLEN: gl.constexpr, BLOCK_M: gl.constexpr,
+        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, softcap_scale, p_alibi, stride_alibi_b, window_left,
+        window_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+        HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr, BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr,
         KV_SMEM: gl.constexpr, TAIL_DIM: gl.constexpr, QT_SMEM: gl.constexpr,
         KVT_SMEM: gl.constexpr, V_STAGES: gl.constexpr, num_warps: gl.constexpr,
@@ -357,8 +369,8 @@ if gluon is not None:
         cu_seqlens = (p_cu_seqlens_q, p_cu_seqlens_k)
         gl.warp_specialize([
             (_dq_consumer, (smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, softcap_scale,
-                            HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM,
-                            NUM_STAGES, TAIL_DIM, V_STAGES)),
+                            (p_alibi, stride_alibi_b), HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+                            IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, V_STAGES)),
             (_dq_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
                             IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill, V_STAGES)),
         ], [1], [PRODUCER_REGS])
@@ -394,20 +406,21 @@ def dq_config(tail: int) -> dict:
 
 def hopper_backward_dq(dout, q, k, v, lse2, delta, dq, *, qk_scale, sm_scale, window_left, window_right,
                        bottom_right, tail=0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
-                       max_seqlen_k=0, softcap_scale=0.0):
+                       max_seqlen_k=0, softcap_scale=0.0, alibi_slopes=None):
     """Write dq (shaped like q, contiguous; q's dtype or fp32) from validated inputs, lse2 / delta as
     flash_bwd_preprocess.hopper_backward_inputs makes them (rows a multiple of dq_config(tail)'s BLOCK_M), through the
     plan kept for this call signature. tail: 0 (head dims padded as kernel_head_dim says), or 32 / 64 (129..160 /
-    161..192 as 128 + tail columns, flash_bwd_hopper's TAIL_DIM). Varlen and softcap_scale as
+    161..192 as 128 + tail columns, flash_bwd_hopper's TAIL_DIM). Varlen, softcap_scale and alibi_slopes as
     flash_bwd_hopper.hopper_backward."""
     varlen = None if cu_seqlens_q is None else (cu_seqlens_q.numel(), max_seqlen_q, max_seqlen_k)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dq.dtype, window_left,
-           window_right, bottom_right, softcap_scale > 0, tail, tuple(DQ_CONFIGS[tail].items()), tuple(lse2.shape),
-           varlen, launch_device())
+           window_right, bottom_right, softcap_scale > 0, alibi_slopes is not None, tail,
+           tuple(DQ_CONFIGS[tail].items()), tuple(lse2.shape), varlen, launch_device())
     plan = _PLANS.get(key, lambda: _DqPlan(q, k, v, dout, dq, lse2, window_left, window_right, bottom_right, tail,
-                                           varlen, softcap_scale > 0))
+                                           varlen, softcap_scale > 0, alibi_slopes is not None))
     cu_q, cu_k = (lse2, lse2) if varlen is None else (cu_seqlens_q, cu_seqlens_k)
-    plan(dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, softcap_scale, cu_q, cu_k)
+    alibi = (lse2, 0) if alibi_slopes is None else (alibi_slopes, alibi_batch_stride(alibi_slopes))
+    plan(dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, softcap_scale, alibi, cu_q, cu_k)
 
 
 _PLANS = PlanCache()
@@ -416,7 +429,8 @@ _PLANS = PlanCache()
 class _DqPlan:
     """Grid, descriptor geometry and constexprs of one call signature (as flash_bwd_hopper._BackwardPlan)."""
 
-    def __init__(self, q, k, v, dout, dq, lse2, window_left, window_right, bottom_right, tail, varlen, softcap=False):
+    def __init__(self, q, k, v, dout, dq, lse2, window_left, window_right, bottom_right, tail, varlen, softcap=False,
+                 alibi=False):
         head_dim = q.shape[-1]
         kernel_dim = main_width(head_dim, tail)
         width = tail or kernel_dim
@@ -443,12 +457,12 @@ class _DqPlan:
         self.launch = Launch(
             _launch_dq, (cdiv(seqlen_q, block_m) * batch * nheads_q, ), self.descriptors,
             HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=softcap,
-            IS_VARLEN=varlen is not None, BLOCK_M=block_m,
+            HAS_ALIBI=alibi, IS_VARLEN=varlen is not None, BLOCK_M=block_m,
             BLOCK_N=block_n, HEAD_DIM=kernel_dim, Q_SMEM=_smem_layout([block_m, kernel_dim], q.dtype),
             KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype),
             TAIL_DIM=tail, QT_SMEM=_smem_layout([block_m, width], q.dtype),
             KVT_SMEM=_smem_layout([block_n, width], q.dtype), **cfg)
 
-    def __call__(self, dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, softcap_scale, cu_q, cu_k):
+    def __call__(self, dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, softcap_scale, alibi, cu_q, cu_k):
         self.launch(q, k, v, dout, lse2, delta, q, k, v, dout, dq, *self.sizes, cu_q, cu_k, *self.shape, qk_scale,
-                    sm_scale, softcap_scale, *self.windows)
+                    sm_scale, softcap_scale, *alibi, *self.windows)

@@ -49,10 +49,11 @@ with atomic dQ: 0.71-0.83x; the dQ pass split by queries 1.06-1.11x that, sessio
 
 dQ's summation order over key blocks varies run to run (reduce-adds), so deterministic=True keeps flash_bwd's grid,
 but at head dims above 128, where nothing is added across programs (DQ_PASS). Scope as flash_fwd_hopper: 16-bit
-inputs, head dims 33..256 (kernel_head_dim), no dropout / ALiBi / bias; GQA, both window sides (causal, sliding),
-varlen and softcap (HAS_SOFTCAP: S^T becomes t = tanh(S^T * scale / softcap), P^T = exp2(t * softcap * log2(e) -
-lse2), and dS^T takes the factor 1 - t^2, applied to P^T once P^T's 16-bit copy for dV exists, so t is not kept
-beside P^T) are in.
+inputs, head dims 33..256 (kernel_head_dim), no dropout / bias; GQA, both window sides (causal, sliding), varlen,
+softcap (HAS_SOFTCAP: S^T becomes t = tanh(S^T * scale / softcap), P^T = exp2(t * softcap * log2(e) - lse2), and dS^T
+takes the factor 1 - t^2, kept in fp16 beside P^T across the masks) and ALiBi (HAS_ALIBI: P^T's exponent minus
+slope * |query + off - key|, the slope per step's query head; dS unchanged) are in. Under either, head dim 64 takes
+the transposed layout (HOPPER_BWD_SCORE_MOD_CONFIGS: the row layout spills).
 
 Varlen (IS_VARLEN, session 40): the descriptors see the packed tensors as one batch entry, a program reads its
 sequence's bounds from cu_seqlens (key blocks past the sequence's end do nothing), P is masked for the rows past the
@@ -72,7 +73,7 @@ import torch
 
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device
 from . import flash_bwd_dq_hopper, flash_fwd_hopper
-from ._flash_common import empty_packed, score_scales
+from ._flash_common import alibi_batch_stride, empty_packed, score_scales
 from ._hopper_common import _smem_layout, packed_geometry, sequence_geometry
 from .flash_bwd_dq_hopper import vector_geometry
 from .flash_bwd_preprocess import hopper_backward_inputs
@@ -90,8 +91,9 @@ if gluon is not None:
 
     from .flash_bwd_dq_hopper import _alloc_vector_rows, _mask_rows
     from .flash_bwd_hopper_stores import _hand_off_dq, _store_dkdv, _store_dkdv_rows
-    from ._hopper_common import _packed_end, _softcap, _softcap_grad, _softcap_slope, _tma_box, _zero_rows
-    from .flash_bwd_hopper_tiles import _key_block, _step
+    from ._hopper_common import (_alibi, _alibi_slope, _packed_end, _softcap, _softcap_grad, _softcap_slope, _tma_box,
+                                 _zero_rows)
+    from .flash_bwd_hopper_tiles import _key_block, _program, _step
 
     @gluon.jit
     def _bwd_producer(descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
@@ -179,8 +181,8 @@ if gluon is not None:
 
     @gluon.jit
     def _bwd_consumer(descs, smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale, softcap_scale,
-                      HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                      HAS_SOFTCAP: gl.constexpr, IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      alibi, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                      HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr):
         """Eight warps (two warpgroups of BLOCK_N / 2 keys each): the schedule in the module docstring. The slot
         is released once every product reading it is done; dQ_j leaves through one of two fp32 slots. TAIL_DIM > 0
@@ -208,6 +210,9 @@ if gluon is not None:
         TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
         cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)      # one value per query (column)
         window_left, window_right = windows
+        alibi_row = 0
+        if HAS_ALIBI:       # the slopes' row: this program's batch entry (varlen: sequence)
+            alibi_row = _program(seqlen_k, nheads_k, BLOCK_N)[1]
         b, q_start, k_start, seqlen_q, seqlen_k, i_hk, n0, off, m_first, n_steps, live, _ = _key_block(
             cu_seqlens, seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
             BLOCK_N)
@@ -228,6 +233,8 @@ if gluon is not None:
             phase = (i // NUM_STAGES) & 1
             q = q_smem.index(slot)
             do = do_smem.index(slot)
+            if HAS_ALIBI:       # the step's query head's slope, log2 domain
+                alibi_slope = _alibi_slope(alibi, alibi_row, i_h)
             mbarrier.wait(q_ready.index(slot), phase)
             st_tok = warpgroup_mma(k_smem, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             if TAIL_DIM > 0:
@@ -239,8 +246,14 @@ if gluon is not None:
             st = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(st_tok, ))
             st = _softcap(st, softcap_scale, HAS_SOFTCAP)
             lse2 = lse_smem.index(slot).load(cols_layout)
-            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
-            slope = _softcap_slope(st, HAS_SOFTCAP)
+            if HAS_ALIBI:       # queries from the step's m0 (recomputed each step), keys from the block's n0
+                alibi_q = (gl.arange(0, BLOCK_M, layout=cols_layout) + (m0 + off - n0)).to(gl.float32)
+                alibi_k = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout)).to(gl.float32)
+                pt = gl.exp2(_alibi(st, qk_scale, alibi_slope, gl.expand_dims(alibi_q, 0), gl.expand_dims(alibi_k, 1))
+                             - gl.expand_dims(lse2, 0))
+            else:
+                pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+            dtanh = _softcap_slope(st, HAS_SOFTCAP)
             # Keys past seqlen_k (zero-filled K rows; varlen: the next sequence's) and, under a right window, keys
             # after a query's last visible one: P = 0. Rows past seqlen_q read zero-filled dO, delta = 0, but varlen's
             # are the next sequence's queries: P = 0 there too.
@@ -262,7 +275,7 @@ if gluon is not None:
                     visible = visible & (gl.expand_dims(keys, 1) >= gl.expand_dims(queries + off - window_left, 0))
                 pt = gl.where(visible, pt, 0.0)
             pt_low = pt.to(dtype)
-            pt = _softcap_grad(pt, slope, HAS_SOFTCAP)      # (dS's factor; P^T itself is in pt_low)
+            pt = _softcap_grad(pt, dtanh, HAS_SOFTCAP)      # (dS's factor; P^T itself is in pt_low)
             dv_tok = warpgroup_mma(gl.convert_layout(pt_low, op_layout), do, dv, is_async=True)
             if TAIL_DIM > 0:
                 dvt_tok = warpgroup_mma(gl.convert_layout(pt_low, opt_layout), smem[11].index(slot), dvt,
@@ -300,8 +313,9 @@ if gluon is not None:
 
     @gluon.jit
     def _bwd_consumer_rows(descs, smem, p_smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale,
-                           softcap_scale, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                           HAS_SOFTCAP: gl.constexpr, IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr,
+                           softcap_scale, alibi, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                           BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
+                           IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            NUM_STAGES: gl.constexpr, DQ_PASS: gl.constexpr, TAIL_DIM: gl.constexpr):
         """Eight warps, scores in the row layout: with 128-row query steps (head dim 64) the transposed layout's
@@ -344,6 +358,9 @@ if gluon is not None:
                                                              instr_shape=[16, max(TAIL_DIM // 2, 8), 16])
         TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
+        alibi_row = 0
+        if HAS_ALIBI:       # the slopes' row: this program's batch entry (varlen: sequence)
+            alibi_row = _program(seqlen_k, nheads_k, BLOCK_N)[1]
         b, q_start, k_start, seqlen_q, seqlen_k, i_hk, n0, off, m_first, n_steps, live, _ = _key_block(
             cu_seqlens, seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
             BLOCK_N)
@@ -362,6 +379,8 @@ if gluon is not None:
             phase = (i // NUM_STAGES) & 1
             q = q_smem.index(slot)
             do = do_smem.index(slot)
+            if HAS_ALIBI:       # the step's query head's slope, log2 domain
+                alibi_slope = _alibi_slope(alibi, alibi_row, i_h)
             mbarrier.wait(q_ready.index(slot), phase)
             s_tok = warpgroup_mma(q, k_smem.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             if TAIL_DIM > 0:
@@ -373,12 +392,18 @@ if gluon is not None:
             s = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(s_tok, ))
             s = _softcap(s, softcap_scale, HAS_SOFTCAP)
             lse2 = lse_smem.index(slot).load(rows_layout)
-            p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-            slope = _softcap_slope(s, HAS_SOFTCAP)
+            if HAS_ALIBI:       # keys from the step's m0 (recomputed each step), queries from m0
+                alibi_q = gl.arange(0, BLOCK_M, layout=rows_layout).to(gl.float32)
+                alibi_k = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)) + (n0 - m0 - off)).to(gl.float32)
+                p = gl.exp2(_alibi(s, qk_scale, alibi_slope, gl.expand_dims(alibi_q, 1), gl.expand_dims(alibi_k, 0))
+                            - gl.expand_dims(lse2, 1))
+            else:
+                p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+            dtanh = _softcap_slope(s, HAS_SOFTCAP)
             p = _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, IS_VARLEN, BLOCK_M,
                            BLOCK_N, s_layout)
             p_smem.store(p.to(dtype))
-            p = _softcap_grad(p, slope, HAS_SOFTCAP)        # (dS's factor; P itself is in p_smem)
+            p = _softcap_grad(p, dtanh, HAS_SOFTCAP)        # (dS's factor; P itself is in p_smem)
             fence_async_shared()
             gl.thread_barrier()             # P's rows from both warpgroups are in p_smem
             dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do, dv, is_async=True)
@@ -421,9 +446,9 @@ if gluon is not None:
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc, qt_desc, kt_desc, vt_desc,
         dot_desc, dqt_desc, p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim, p_cu_seqlens_q,
         p_cu_seqlens_k,
-        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, softcap_scale, window_left, window_right,
-        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-        IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, softcap_scale, p_alibi, stride_alibi_b, window_left,
+        window_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+        HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_T: gl.constexpr, DQ_PASS: gl.constexpr,
         Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr,
         TAIL_DIM: gl.constexpr, QT_SMEM: gl.constexpr, KVT_SMEM: gl.constexpr, DQT_SMEM: gl.constexpr,
@@ -482,6 +507,7 @@ if gluon is not None:
         fp32_out = (p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim)
         windows = (window_left, window_right)
         cu_seqlens = (p_cu_seqlens_q, p_cu_seqlens_k)
+        alibi = (p_alibi, stride_alibi_b)
         if SCORES_T:
             ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], DS_SMEM)
             smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
@@ -494,8 +520,8 @@ if gluon is not None:
                                gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, TAIL_DIM], DQT_SMEM))
             gl.warp_specialize([
                 (_bwd_consumer, (descs, smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale,
-                                 softcap_scale, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, IS_VARLEN, FP32_GRADS,
-                                 BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM)),
+                                 softcap_scale, alibi, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+                                 IS_VARLEN, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM)),
                 (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
                                  IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill)),
             ], [1], [24])
@@ -511,9 +537,9 @@ if gluon is not None:
                                gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, TAIL_DIM], QT_SMEM))
             gl.warp_specialize([
                 (_bwd_consumer_rows, (descs, smem, p_smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale,
-                                      sm_scale, softcap_scale, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP,
-                                      IS_VARLEN, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, DQ_PASS,
-                                      TAIL_DIM)),
+                                      sm_scale, softcap_scale, alibi, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP,
+                                      HAS_ALIBI, IS_VARLEN, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                                      DQ_PASS, TAIL_DIM)),
                 (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
                                  IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill)),
             ], [1], [24])
@@ -549,18 +575,19 @@ HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 80: dict(_CONFIG, TAIL_DIM=16), 96: _CON
                       160: dict(_CONFIG_WIDE, TAIL_DIM=32), 192: dict(_CONFIG_WIDE, TAIL_DIM=64), 256: _CONFIG_WIDE}
 
 
-# Under a softcap (session 48): hd64's row layout spills 160-172 bytes (the tanh's slope, 1 - t^2, is one more tile
-# beside P while dP is in flight; ptxas 3.6 offline), the transposed layout at 64 columns none.
-HOPPER_BWD_SOFTCAP_CONFIGS = {64: _CONFIG}
+# Under a softcap or ALiBi (session 48): hd64's row layout spills 160-172 bytes (the tanh's slope, 1 - t^2, is one
+# more tile beside P while dP is in flight) / 144-188 (ALiBi's per-key vector; ptxas 3.6 offline), the transposed
+# layout at 64 columns none: measured with a softcap 314 vs 293 TFLOP/s causal at 4K keys.
+HOPPER_BWD_SCORE_MOD_CONFIGS = {64: _CONFIG}
 
 
-def hopper_backward_config(head_dim: int, varlen: bool = False, softcap: bool = False):
+def hopper_backward_config(head_dim: int, varlen: bool = False, score_mod: bool = False):
     """This file's config for a call, or None where flash_bwd's grid is used: head dims computed as
     flash_fwd_hopper.forward_head_dim says, or, varlen, padded as kernel_head_dim says (129..192 to 256: the
-    producers' zeroing of rows past cu_seqlens[-1], _hopper_common._zero_rows, takes one box); softcap: the
-    HOPPER_BWD_SOFTCAP_CONFIGS entry where there is one."""
+    producers' zeroing of rows past cu_seqlens[-1], _hopper_common._zero_rows, takes one box); score_mod (a softcap
+    or ALiBi): the HOPPER_BWD_SCORE_MOD_CONFIGS entry where there is one."""
     width = (kernel_head_dim if varlen else forward_head_dim)(head_dim)
-    config = (HOPPER_BWD_SOFTCAP_CONFIGS.get(width) if softcap else None) or HOPPER_BWD_CONFIGS.get(width)
+    config = (HOPPER_BWD_SCORE_MOD_CONFIGS.get(width) if score_mod else None) or HOPPER_BWD_CONFIGS.get(width)
     return None if config is None else dict(config)
 
 
@@ -574,21 +601,23 @@ def vector_block(config) -> int:
 
 def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_scale, window_right,
                     bottom_right, config, window_left=-1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
-                    max_seqlen_k=0, softcap_scale=0.0):
+                    max_seqlen_k=0, softcap_scale=0.0, alibi_slopes=None):
     """Launch on validated inputs: q, k, v, dout [batch, seqlen, heads, head dim] (varlen: packed [total, heads,
     head dim] with int32 cu_seqlens_q / _k and the longest lengths) 16-bit with 16-byte aligned strides; lse2, delta
     from flash_bwd_preprocess.hopper_backward_inputs with rows_block=vector_block(config) (the descriptors take their
     rows as given); dq_acc zeroed fp32 shaped like q; dk, dv contiguous, shaped like k, v: k's dtype, or fp32 (then
     stored from registers without rounding). Through the plan kept for this call signature (_BackwardPlan).
-    softcap_scale > 0: scores qk_scale * tanh(softcap_scale * Q K^T) (flash_fwd_hopper.hopper_forward's)."""
+    softcap_scale > 0: scores qk_scale * tanh(softcap_scale * Q K^T); alibi_slopes: ALiBi (both as
+    flash_fwd_hopper.hopper_forward's)."""
     varlen = None if cu_seqlens_q is None else (cu_seqlens_q.numel(), max_seqlen_q, max_seqlen_k)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dk.dtype, window_left,
-           window_right, bottom_right, softcap_scale > 0, tuple(config.items()), tuple(lse2.shape), varlen,
-           launch_device())
+           window_right, bottom_right, softcap_scale > 0, alibi_slopes is not None, tuple(config.items()),
+           tuple(lse2.shape), varlen, launch_device())
     plan = _PLANS.get(key, lambda: _BackwardPlan(q, k, v, dout, dk, lse2, window_left, window_right, bottom_right,
-                                                 config, varlen, softcap_scale > 0))
+                                                 config, varlen, softcap_scale > 0, alibi_slopes is not None))
     cu_q, cu_k = (lse2, lse2) if varlen is None else (cu_seqlens_q, cu_seqlens_k)
-    plan(dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale, softcap_scale, cu_q, cu_k)
+    alibi = (lse2, 0) if alibi_slopes is None else (alibi_slopes, alibi_batch_stride(alibi_slopes))
+    plan(dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale, softcap_scale, alibi, cu_q, cu_k)
 
 
 _PLANS = PlanCache()
@@ -599,7 +628,7 @@ class _BackwardPlan:
     kernel), as flash_fwd_hopper._ForwardPlan: a repeated call builds its 13 descriptors and launches."""
 
     def __init__(self, q, k, v, dout, dk, lse2, window_left, window_right, bottom_right, config, varlen,
-                 softcap=False):
+                 softcap=False, alibi=False):
         head_dim = q.shape[-1]
         cfg = dict(config)
         tail = cfg["TAIL_DIM"]          # 65..96 and 129..192: 64 / 128 columns, then a tail box (forward_head_dim)
@@ -631,7 +660,7 @@ class _BackwardPlan:
         self.launch = Launch(
             _launch_backward, (cdiv(seqlen_k, block_n) * batch * nheads_k, ), self.descriptors,
             HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=softcap,
-            IS_VARLEN=varlen is not None, FP32_GRADS=dk.dtype == torch.float32,
+            HAS_ALIBI=alibi, IS_VARLEN=varlen is not None, FP32_GRADS=dk.dtype == torch.float32,
             BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=kernel_dim, Q_SMEM=_smem_layout([block_m, kernel_dim], q.dtype),
             KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype),
             DS_SMEM=_smem_layout([block_n, block_m] if cfg["SCORES_T"] else [block_m, block_n], q.dtype),
@@ -639,13 +668,15 @@ class _BackwardPlan:
             QT_SMEM=_smem_layout([block_m, width], q.dtype), KVT_SMEM=_smem_layout([block_n, width], q.dtype),
             DQT_SMEM=_smem_layout([block_m, width], torch.float32), **cfg)
 
-    def __call__(self, dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale, softcap_scale, cu_q, cu_k):
+    def __call__(self, dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale, softcap_scale, alibi, cu_q,
+                 cu_k):
         self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, q, k, v, dout, dq_acc, dk, dv, *self.sizes, cu_q, cu_k,
-                    *self.shape, qk_scale, sm_scale, softcap_scale, *self.windows)
+                    *self.shape, qk_scale, sm_scale, softcap_scale, *alibi, *self.windows)
 
 
 def gluon_backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, window_right, bottom_right, fp32_grads,
-                   config, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, softcap=0.0):
+                   config, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, softcap=0.0,
+                   alibi_slopes=None):
     """flash_bwd's entry to this file's kernel (config: hopper_backward_config's, for inputs flash_bwd._hopper_plan
     admitted): it adds dQ (scaled) into the fp32 buffer, cast to dq's dtype after; or, DQ_PASS (head dims 129..256),
     it computes dK and dV and flash_bwd_dq_hopper's pass writes dQ (with the same TAIL_DIM). Varlen: packed (total,
@@ -657,8 +688,8 @@ def gluon_backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, windo
     grad_dtype = torch.float32 if fp32_grads else k.dtype
     dk, dv = (empty_packed(t.shape, grad_dtype, t.device, cu_seqlens_k) for t in (k, v))
     qk_scale, softcap_scale = score_scales(softmax_scale, softcap)
-    scales = dict(qk_scale=qk_scale, sm_scale=softmax_scale, softcap_scale=softcap_scale, window_right=window_right,
-                  bottom_right=bottom_right, window_left=window_left)
+    scales = dict(qk_scale=qk_scale, sm_scale=softmax_scale, softcap_scale=softcap_scale, alibi_slopes=alibi_slopes,
+                  window_right=window_right, bottom_right=bottom_right, window_left=window_left)
     hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, config=config, **scales, **varlen)
     if config["DQ_PASS"]:
         dq = empty_packed(q.shape, torch.float32 if fp32_grads else q.dtype, q.device, cu_seqlens_q)

@@ -474,9 +474,9 @@ def tma_compatible(*tensors) -> bool:
 def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softcap, alibi_slopes, attn_bias,
                        dropout_p, is_varlen, nheads_q, batch=0, max_seqlen_q=0, max_seqlen_k=0):
     """The fast kernel's config for this call, or None: the features it leaves out go to the kernel above. Varlen
-    (batch sequences of at most max_seqlen_q / k) and softcap only on the Gluon kernel, O stored from registers there
-    for varlen."""
-    if not FAST_FORWARD or alibi_slopes is not None or attn_bias is not None or dropout_p > 0.0:
+    (batch sequences of at most max_seqlen_q / k), softcap and ALiBi only on the Gluon kernel, O stored from registers
+    there for varlen."""
+    if not FAST_FORWARD or attn_bias is not None or dropout_p > 0.0:
         return None
     if is_varlen:         # the Gluon kernel's alone (flash_fwd_hopper_configs.varlen_config)
         if (GLUON_FORWARD and q.dtype in (torch.float16, torch.bfloat16) and flash_fwd_hopper.available(q.device)
@@ -499,7 +499,7 @@ def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softca
                                                      programs, num_sms, window_left >= 0)   # positional: tests patch it
         if cfg is not None:
             return dict(cfg, GLUON=True)
-    if window_left >= 0 or softcap > 0.0:   # a left window, a softcap: the Gluon kernel's alone
+    if window_left >= 0 or softcap > 0.0 or alibi_slopes is not None:     # the Gluon kernel's alone
         return None
     cfg = fast_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1], programs, num_sms)
     if cfg is not None and cfg["USE_TMA"] and not tma_ok:
@@ -579,7 +579,8 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
             q, k, v, out, lse, q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, o_strides=o_strides,
             lse_strides=lse_strides, nheads_q=nheads_q, nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
             qk_scale=qk_scale, window_right=window_right, bottom_right=bottom_right, config=fast,
-            window_left=window_left, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, softcap_scale=softcap_scale)
+            window_left=window_left, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, softcap_scale=softcap_scale,
+            alibi_slopes=alibi_slopes)
     if fast is not None:
         if fast["USE_TMA"] and not INTERPRET:
             ensure_tma_allocator()

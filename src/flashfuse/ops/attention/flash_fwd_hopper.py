@@ -37,11 +37,13 @@ tiles round-robin (session 15: one program got twice another's work), the next t
 the last P V of this one (session 17: slower); session 29: half diagonal blocks for the upper warpgroup, one K / V
 release per block, O stored from registers (benchmarks/NOTES.md).
 
-Scope: the common case, as flash_fwd's fast kernel, plus sliding windows, varlen and softcap: 16-bit inputs, no dropout
-/ ALiBi / bias; GQA, a right window (causal) and a left window are in (HAS_LEFT: a tile's key loop starts at the
+Scope: the common case, as flash_fwd's fast kernel, plus sliding windows, varlen, softcap and ALiBi: 16-bit inputs, no
+dropout / bias; GQA, a right window (causal) and a left window are in (HAS_LEFT: a tile's key loop starts at the
 block its first row sees, and the blocks before the first key its last row sees get the left mask; session 37).
 Softcap (HAS_SOFTCAP, session 48): each score block becomes tanh(S * scale / softcap) by tanh.approx (one MUFU
-instruction, as flash-attn's CUDA kernels), the softmax's log2 scale softcap * log2(e).
+instruction, as flash-attn's CUDA kernels), the softmax's log2 scale softcap * log2(e). ALiBi (HAS_ALIBI): minus
+slope * |row + off - key| added to each scaled score (one subtract and one FMA a score, the row and key indices as fp32
+vectors; the slope per tile from alibi_slopes (nheads,) or (batch, nheads)).
 Varlen (IS_VARLEN, session 39): the descriptors see the packed tensors as one batch entry, a tile reads its sequence's
 bounds from cu_seqlens, row blocks past a sequence's end are skipped and O leaves from registers with its rows masked
 (a TMA box would overwrite the next sequence's first rows); a V box reaching past cu_seqlens[-1] has those rows zeroed
@@ -67,6 +69,7 @@ import triton
 
 from ..._env import INTERPRET
 from .._triton import Launch, LaunchCache, PlanCache, cdiv, launch_device, sm_count
+from ._flash_common import alibi_batch_stride
 from ._hopper_common import _smem_layout, sequence_geometry
 from .flash_fwd_hopper_configs import (HOPPER_CONFIGS, HOPPER_ODD_CAUSAL_CONFIGS, MIN_WAVE,  # noqa: F401
                                        _WARP_SPECIALIZED, _WIDE, forward_head_dim, hopper_forward_config,
@@ -107,7 +110,7 @@ def _capability(index: int):
 
 
 if gluon is not None:
-    from ._hopper_common import _load_zeroed, _packed_end, _seq_bounds, _tma_box
+    from ._hopper_common import _alibi_slope, _load_zeroed, _packed_end, _seq_bounds, _tma_box
     from .flash_fwd_hopper_tiles import _softmax_block, _ws_key_blocks, _ws_row_block, _ws_tiles
 
     _LOG2E = gl.constexpr(LOG2E)
@@ -221,9 +224,9 @@ if gluon is not None:
 
     @gluon.jit
     def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left,
-                     window_right, qk_scale, softcap_scale, WG: gl.constexpr, HAS_LEFT: gl.constexpr,
+                     window_right, qk_scale, softcap_scale, alibi, WG: gl.constexpr, HAS_LEFT: gl.constexpr,
                      HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                     IS_VARLEN: gl.constexpr, PAIRED: gl.constexpr,
+                     HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr, PAIRED: gl.constexpr,
                      CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr, SPLIT_PV_WAIT: gl.constexpr,
                      O_FROM_REGS: gl.constexpr, TAIL_DIM: gl.constexpr):
@@ -234,7 +237,8 @@ if gluon is not None:
         padded to 256: no room for the slots), straight from registers (o_out: pointer, strides, head_dim).
         TAIL_DIM > 0 (head dims 65..96, 129..192): columns HEAD_DIM.. of Q, K and V in tiles of their own (smem[4:7]),
         S summed over both parts' products and O held as two accumulators, HEAD_DIM and TAIL_DIM wide (the tail's
-        stored from registers)."""
+        stored from registers). HAS_ALIBI: alibi = (p_alibi, stride_alibi_b), the fp32 slopes [batch or 1, nheads_q]
+        (a stride of 0: one slope per head)."""
         q_desc, k_desc, v_desc, o_desc = descs[:4]
         q_smem, k_smem, v_smem, o_smem = smem[:4]
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
@@ -284,6 +288,9 @@ if gluon is not None:
                     if SKIP_UNSEEN:
                         seen = gl.minimum(gl.minimum(row0 + ROWS, seqlen_q) + off + window_right, seqlen_k)
                         n_mine = gl.minimum(gl.maximum(gl.cdiv(seen, BLOCK_N) - j0, 1), n_blocks)
+                alibi_slope = 0.0
+                if HAS_ALIBI:       # this tile's head's slope, log2 domain
+                    alibi_slope = _alibi_slope(alibi, i_bh // nheads_q, i_bh % nheads_q)
                 m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
                 l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
                 acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
@@ -296,8 +303,9 @@ if gluon is not None:
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
                 mbarrier.arrive(k_empty.index(c % NUM_STAGES), count=1)
                 p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j0, row0, seqlen_q, seqlen_k, full_end, left_full,
-                                                    window_left, window_right, qk_scale, softcap_scale, HAS_LEFT,
-                                                    HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, ROWS, BLOCK_N, s_layout)
+                                                    window_left, window_right, qk_scale, softcap_scale, alibi_slope,
+                                                    HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, ROWS,
+                                                    BLOCK_N, s_layout)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
                 for j in range(1, n_mine):
                     slot = (c + j) % NUM_STAGES
@@ -313,8 +321,8 @@ if gluon is not None:
                     mbarrier.arrive(k_empty.index(slot), count=1)
                     p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, j0 + j, row0, seqlen_q, seqlen_k, full_end,
                                                         left_full, window_left, window_right, qk_scale, softcap_scale,
-                                                        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, ROWS, BLOCK_N,
-                                                        s_layout)
+                                                        alibi_slope, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP,
+                                                        HAS_ALIBI, ROWS, BLOCK_N, s_layout)
                     if SPLIT_PV_WAIT and j == -1 - seqlen_q:
                         # Never taken (seqlen_q >= 0): the branch ends the block that holds the exponentials above. Without
                         # it ptxas issues the P V wait below at the start of that block (its scheduler places the wgmma
@@ -380,9 +388,9 @@ if gluon is not None:
     def _flash_fwd_hopper_kernel(
         q_desc, k_desc, v_desc, o_desc, qt_desc, kt_desc, vt_desc, p_lse, stride_lse_b, stride_lse_h, p_out, stride_o_b,
         stride_o_s, stride_o_h, head_dim, p_cu_seqlens_q, p_cu_seqlens_k, nheads_q, group, seqlen_q, seqlen_k, qk_scale,
-        softcap_scale, window_left, window_right, n_units,
+        softcap_scale, p_alibi, stride_alibi_b, window_left, window_right, n_units,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-        IS_VARLEN: gl.constexpr,
+        HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr,
         PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
         Q_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr,
@@ -443,16 +451,17 @@ if gluon is not None:
         shape = (nheads_q, group, seqlen_q, seqlen_k, gl.cdiv(seqlen_q, BLOCK_M), n_units)
         o_out = (p_out, stride_o_b, stride_o_s, stride_o_h, head_dim)
         cu_seqlens = (p_cu_seqlens_q, p_cu_seqlens_k)
+        alibi = (p_alibi, stride_alibi_b)
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
-                                window_left, window_right, qk_scale, softcap_scale, 0, HAS_LEFT, HAS_RIGHT,
-                                BOTTOM_RIGHT, HAS_SOFTCAP, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
+                                window_left, window_right, qk_scale, softcap_scale, alibi, 0, HAS_LEFT,
+                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
+                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
-                                window_left, window_right, qk_scale, softcap_scale, 1, HAS_LEFT, HAS_RIGHT,
-                                BOTTOM_RIGHT, HAS_SOFTCAP, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
+                                window_left, window_right, qk_scale, softcap_scale, alibi, 1, HAS_LEFT,
+                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
+                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
                 (_ws_producer, (descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT, HAS_RIGHT,
                                 BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                 Q_STAGES, TAIL_DIM)),
@@ -460,17 +469,17 @@ if gluon is not None:
         else:
             gl.warp_specialize([
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
-                                window_left, window_right, qk_scale, softcap_scale, 0, HAS_LEFT, HAS_RIGHT,
-                                BOTTOM_RIGHT, HAS_SOFTCAP, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
+                                window_left, window_right, qk_scale, softcap_scale, alibi, 0, HAS_LEFT,
+                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
+                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
-                                window_left, window_right, qk_scale, softcap_scale, 1, HAS_LEFT, HAS_RIGHT,
-                                BOTTOM_RIGHT, HAS_SOFTCAP, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
+                                window_left, window_right, qk_scale, softcap_scale, alibi, 1, HAS_LEFT,
+                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
+                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
-                                window_left, window_right, qk_scale, softcap_scale, 2, HAS_LEFT, HAS_RIGHT,
-                                BOTTOM_RIGHT, HAS_SOFTCAP, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
+                                window_left, window_right, qk_scale, softcap_scale, alibi, 2, HAS_LEFT,
+                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
+                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
                 (_ws_producer, (descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT, HAS_RIGHT,
                                 BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                 Q_STAGES, TAIL_DIM)),
@@ -480,20 +489,22 @@ if gluon is not None:
 
 def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
                    nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config, window_left=-1,
-                   cu_seqlens_q=None, cu_seqlens_k=None, softcap_scale=0.0):
+                   cu_seqlens_q=None, cu_seqlens_k=None, softcap_scale=0.0, alibi_slopes=None):
     """Launch on validated inputs (flash_fwd's fast-path checks, TMA alignment included) through the plan kept for
     this call signature (_ForwardPlan). Varlen (cu_seqlens_q / k, int32): q / k / v / out (total, heads, head_dim),
     seqlen_q / k the max_seqlen arguments, lse (heads, total_q); the config must store O from registers (rows past a
     sequence's end are the next sequence's: no TMA store may cover them). softcap_scale > 0: scores
     qk_scale * tanh(softcap_scale * Q K^T) (flash_fwd's kernel_options: softmax_scale / softcap, and qk_scale then
-    softcap * log2(e))."""
+    softcap * log2(e)). alibi_slopes: fp32 (nheads_q,) or (batch, nheads_q), contiguous."""
     key = (q.shape, k.shape, q_strides, k_strides, v_strides, o_strides, lse_strides, q.dtype, window_left,
-           window_right, bottom_right, softcap_scale > 0, tuple(config.items()), launch_device(), sm_count(q.device),
+           window_right, bottom_right, softcap_scale > 0, alibi_slopes is not None, tuple(config.items()),
+           launch_device(), sm_count(q.device),
            None if cu_seqlens_q is None else (cu_seqlens_q.numel(), seqlen_q, seqlen_k))
     plan = _PLANS.get(key, lambda: _ForwardPlan(q, k, nheads_q, nheads_k, seqlen_q, seqlen_k, q_strides, k_strides,
                                                  v_strides, o_strides, lse_strides, window_left, window_right,
-                                                 bottom_right, config, cu_seqlens_q, softcap_scale > 0))
-    plan(q, k, v, out, lse, qk_scale, softcap_scale, cu_seqlens_q, cu_seqlens_k)
+                                                 bottom_right, config, cu_seqlens_q, softcap_scale > 0,
+                                                 alibi_slopes is not None))
+    plan(q, k, v, out, lse, qk_scale, softcap_scale, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     return out, lse
 
 
@@ -506,7 +517,8 @@ class _ForwardPlan:
     what short calls are bound by on a slow host (benchmarks/NOTES.md, session 23)."""
 
     def __init__(self, q, k, nheads_q, nheads_k, seqlen_q, seqlen_k, q_strides, k_strides, v_strides, o_strides,
-                 lse_strides, window_left, window_right, bottom_right, config, cu_seqlens_q=None, softcap=False):
+                 lse_strides, window_left, window_right, bottom_right, config, cu_seqlens_q=None, softcap=False,
+                 alibi=False):
         head_dim, batch = q.shape[-1], q.shape[0]
         is_varlen = cu_seqlens_q is not None
         # Varlen: the descriptors see the packed tensors as one batch entry [1, total, heads, head_dim] (the unit
@@ -547,7 +559,7 @@ class _ForwardPlan:
         self.window = (window_left, window_right, n_units)
         self.launch = Launch(_launch_forward, grid, self.descriptors, HAS_LEFT=window_left >= 0,
                              HAS_RIGHT=window_right >= 0,
-                             BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=softcap, IS_VARLEN=is_varlen, PAIRED=paired, BLOCK_M=block_m,
+                             BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=softcap, HAS_ALIBI=alibi, IS_VARLEN=is_varlen, PAIRED=paired, BLOCK_M=block_m,
                              BLOCK_N=block_n,
                              HEAD_DIM=kernel_dim,
                              Q_SMEM=_smem_layout([rows, kernel_dim], q.dtype),
@@ -555,7 +567,9 @@ class _ForwardPlan:
                              QT_SMEM=_smem_layout([rows, tail or kernel_dim], q.dtype),
                              KVT_SMEM=_smem_layout([block_n, tail or kernel_dim], q.dtype), **cfg)
 
-    def __call__(self, q, k, v, out, lse, qk_scale, softcap_scale=0.0, cu_seqlens_q=None, cu_seqlens_k=None):
+    def __call__(self, q, k, v, out, lse, qk_scale, softcap_scale=0.0, cu_seqlens_q=None, cu_seqlens_k=None,
+                 alibi_slopes=None):
         cu_q, cu_k = (lse, lse) if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k)
+        alibi = (lse, 0) if alibi_slopes is None else (alibi_slopes, alibi_batch_stride(alibi_slopes))
         self.launch(q, k, v, out, q, k, v, lse, *self.lse_strides, out, *self.o_args, cu_q, cu_k, *self.sizes,
-                    qk_scale, softcap_scale, *self.window)
+                    qk_scale, softcap_scale, *alibi, *self.window)
