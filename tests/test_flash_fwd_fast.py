@@ -313,6 +313,7 @@ def test_hopper_backward_vector_descriptors(head_dim, varlen, softcap):
     softcap is a constexpr of both kernels' plans."""
     from flashfuse.ops.attention import flash_bwd_dq_hopper, flash_bwd_preprocess
     from flashfuse.ops.attention import flash_bwd_hopper as hopper
+    from flashfuse.ops.attention.flash_fwd_hopper import forward_head_dim, kernel_head_dim
 
     config = hopper.hopper_backward_config(head_dim, varlen, softcap)     # (softcap: ALiBi too, in the plans)
     x = torch.randn(2, 77, 3, head_dim, dtype=torch.bfloat16)
@@ -331,7 +332,7 @@ def test_hopper_backward_vector_descriptors(head_dim, varlen, softcap):
     # the tail's boxes (q, k, v, dout, then the fp32 dQ buffer's) start at the main width's column
     tail = 0 if varlen else config["TAIL_DIM"]
     width = plan.descriptors[0][2][3]
-    assert width == (hopper.kernel_head_dim(head_dim) if not tail else hopper.forward_head_dim(head_dim) - tail)
+    assert width == (kernel_head_dim(head_dim) if not tail else forward_head_dim(head_dim) - tail)
     assert [d[2][3] for d in plan.descriptors[9:]] == [tail or width] * 5 and len(plan.descriptors) == 14
     if config["DQ_PASS"]:
         dq_plan = flash_bwd_dq_hopper._DqPlan(x, x, x, x, torch.empty_like(x), lse2, -1, -1, True,

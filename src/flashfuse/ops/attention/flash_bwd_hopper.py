@@ -64,7 +64,8 @@ Boxes reaching past cu_seqlens[-1] (a buffer padded past its sequences holds any
 rows zeroed by the producer before the consumer sees them (session 41, _hopper_common._zero_rows).
 
 Used only on the triton release it was written and measured against (flash_fwd_hopper.GLUON_TRITON); flash_bwd's
-Triton grid everywhere else.
+Triton grid everywhere else. Beside this file: the producer warp (flash_bwd_hopper_loads), the hand-outs of dQ, dK, dV
+(flash_bwd_hopper_stores), the key-block walk (flash_bwd_hopper_tiles), the configs (flash_bwd_hopper_configs).
 """
 
 from __future__ import annotations
@@ -77,7 +78,9 @@ from ._flash_common import alibi_batch_stride, empty_packed, score_scales
 from ._hopper_common import _smem_layout, packed_geometry, sequence_geometry
 from .flash_bwd_dq_hopper import vector_geometry
 from .flash_bwd_preprocess import hopper_backward_inputs
-from .flash_fwd_hopper import forward_head_dim, gluon, kernel_head_dim, main_width
+from .flash_bwd_hopper_configs import (HOPPER_BWD_CONFIGS, HOPPER_BWD_SCORE_MOD_CONFIGS,  # noqa: F401
+                                       hopper_backward_config, vector_block)
+from .flash_fwd_hopper import gluon, main_width
 
 LOG2E = flash_fwd_hopper.LOG2E
 # Where this kernel can run and which tensors its host-side descriptors take: as the forward's.
@@ -86,98 +89,14 @@ descriptor_compatible = flash_fwd_hopper.descriptor_compatible
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                                  warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
 
     from .flash_bwd_dq_hopper import _alloc_vector_rows, _mask_rows
+    from .flash_bwd_hopper_loads import _bwd_producer
     from .flash_bwd_hopper_stores import _hand_off_dq, _store_dkdv, _store_dkdv_rows
-    from ._hopper_common import (_alibi, _alibi_slope, _packed_end, _softcap, _softcap_grad, _softcap_slope, _tma_box,
-                                 _zero_rows)
+    from ._hopper_common import _alibi, _alibi_slope, _softcap, _softcap_grad, _softcap_slope
     from .flash_bwd_hopper_tiles import _key_block, _program, _step
-
-    @gluon.jit
-    def _bwd_producer(descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                      BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                      TAIL_DIM: gl.constexpr, zfill):
-        """One warp: K and V once, then per step (query head of the group, query block) Q + lse2 and dO + delta
-        into slot i % NUM_STAGES once the consumer released it. Varlen: boxes reaching past cu_seqlens[-1] land on
-        zfill, have those rows zeroed (_hopper_common._zero_rows: 0 * NaN in dS^T Q, P^T dO, dO V^T or dS K would
-        reach the sequences), then are released on their ready barriers. TAIL_DIM: each tile's columns past
-        HEAD_DIM in a second box of their own on the same barrier (q, k, v, dO: descs[9:13] into smem[8:12])."""
-        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs[:9]
-        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem[:8]
-        kv_ready, q_ready, do_ready, empty = bars
-        nheads_q, nheads_k, group, seqlen_q, seqlen_k = shape
-        n_seqs = gl.num_programs(0) // (gl.cdiv(seqlen_k, BLOCK_N) * nheads_k)        # (_program's grid)
-        q_end = _packed_end(cu_seqlens[0], n_seqs, IS_VARLEN)
-        k_end = _packed_end(cu_seqlens[1], n_seqs, IS_VARLEN)
-        b, q_start, k_start, _, _, i_hk, n0, _, m_first, n_steps, live, vec0 = _key_block(
-            cu_seqlens, seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
-            BLOCK_N)
-        zphase = 0
-        if live:
-            if IS_VARLEN and k_start + n0 + BLOCK_N > k_end:
-                _load_kv(descs, smem, zfill, [b, k_start + n0, i_hk, 0], BLOCK_N, HEAD_DIM, TAIL_DIM)
-                mbarrier.wait(zfill, zphase)
-                zphase ^= 1
-                _zero_rows(k_smem, k_end - k_start - n0)
-                _zero_rows(v_smem, k_end - k_start - n0)
-                mbarrier.arrive(kv_ready, count=1)
-            else:
-                _load_kv(descs, smem, kv_ready, [b, k_start + n0, i_hk, 0], BLOCK_N, HEAD_DIM, TAIL_DIM)
-            for i in range(group * n_steps):
-                i_h, m0 = _step(i, i_hk, group, m_first, n_steps, BLOCK_M)
-                row = q_start + m0
-                slot = i % NUM_STAGES
-                mbarrier.wait(empty.index(slot), ((i // NUM_STAGES) & 1) ^ 1)    # the first pass finds slots free
-                coords = ([b, row, i_h, 0], [b * nheads_q + i_h, vec0 + m0])
-                if IS_VARLEN and row + BLOCK_M > q_end:
-                    _load_query_rows(descs, smem, slot, zfill, zfill, coords, BLOCK_M, HEAD_DIM, TAIL_DIM, True)
-                    mbarrier.wait(zfill, zphase)
-                    zphase ^= 1
-                    _zero_rows(q_smem.index(slot), q_end - row)
-                    _zero_rows(do_smem.index(slot), q_end - row)
-                    mbarrier.arrive(q_ready.index(slot), count=1)
-                    mbarrier.arrive(do_ready.index(slot), count=1)
-                else:
-                    _load_query_rows(descs, smem, slot, q_ready.index(slot), do_ready.index(slot), coords, BLOCK_M,
-                                     HEAD_DIM, TAIL_DIM, False)
-
-    @gluon.jit
-    def _load_kv(descs, smem, bar, coord, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, TAIL_DIM: gl.constexpr):
-        """K and V (and, TAIL_DIM, their columns from HEAD_DIM on: descs[10], [11] into smem[9], [10]) onto bar."""
-        mbarrier.expect(bar, 2 * BLOCK_N * (HEAD_DIM + TAIL_DIM) * 2)
-        tma.async_copy_global_to_shared(descs[1], coord, bar, _tma_box(smem[1], descs[1]))
-        tma.async_copy_global_to_shared(descs[2], coord, bar, _tma_box(smem[2], descs[2]))
-        if TAIL_DIM > 0:
-            b, row, h, _ = coord
-            tma.async_copy_global_to_shared(descs[10], [b, row, h, HEAD_DIM], bar, _tma_box(smem[9], descs[10]))
-            tma.async_copy_global_to_shared(descs[11], [b, row, h, HEAD_DIM], bar, _tma_box(smem[10], descs[11]))
-
-    @gluon.jit
-    def _load_query_rows(descs, smem, slot, q_bar, do_bar, coords, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
-                         TAIL_DIM: gl.constexpr, ONE_BAR: gl.constexpr):
-        """Q + lse2 onto q_bar, dO + delta onto do_bar, or, ONE_BAR, all four onto q_bar (one expect: a second
-        arrival would complete the barrier's phase early or count toward the next). TAIL_DIM: Q's and dO's columns
-        from HEAD_DIM on (descs[9], [12] into smem[8], [11]) with them."""
-        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc = descs[:9]
-        q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem[:8]
-        tile_coord, vec_coord = coords
-        nbytes: gl.constexpr = BLOCK_M * (HEAD_DIM + TAIL_DIM) * 2 + BLOCK_M * 4
-        mbarrier.expect(q_bar, 2 * nbytes if ONE_BAR else nbytes)
-        tma.async_copy_global_to_shared(q_desc, tile_coord, q_bar, _tma_box(q_smem.index(slot), q_desc))
-        tma.async_copy_global_to_shared(lse_desc, vec_coord, q_bar, _tma_box(lse_smem.index(slot), lse_desc))
-        if not ONE_BAR:
-            mbarrier.expect(do_bar, nbytes)
-        tma.async_copy_global_to_shared(do_desc, tile_coord, do_bar, _tma_box(do_smem.index(slot), do_desc))
-        tma.async_copy_global_to_shared(delta_desc, vec_coord, do_bar, _tma_box(delta_smem.index(slot), delta_desc))
-        if TAIL_DIM > 0:
-            b, row, h, _ = tile_coord
-            tma.async_copy_global_to_shared(descs[9], [b, row, h, HEAD_DIM], q_bar,
-                                            _tma_box(smem[8].index(slot), descs[9]))
-            tma.async_copy_global_to_shared(descs[12], [b, row, h, HEAD_DIM], do_bar,
-                                            _tma_box(smem[11].index(slot), descs[12]))
 
     @gluon.jit
     def _bwd_consumer(descs, smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale, softcap_scale,
@@ -545,58 +464,6 @@ if gluon is not None:
             ], [1], [24])
 
     _launch_backward = LaunchCache(_flash_bwd_hopper_kernel)
-
-
-_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, SCORES_T=True, DQ_PASS=False, TAIL_DIM=0, num_warps=8)
-_CONFIG_ROWS = dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, SCORES_T=False, DQ_PASS=False, TAIL_DIM=0, num_warps=8)
-_CONFIG_WIDE = dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2, SCORES_T=False, DQ_PASS=True, TAIL_DIM=0, num_warps=8)
-
-# head dim -> config; other head dims stay on flash_bwd's grid. bf16, 16384 tokens, model dim 2048, do_bench on the
-# launchers, TFLOP/s at S = 1K / 2K / 8K. hd128 (H200, session 16): 429 / 479 / 527 (causal 319 / 402 / 503) vs the
-# Triton grid's 346 / 382 / 421 (253 / 319 / 389) and cuDNN's 421 / 474 / 525 (313 / 389 / 492). hd64 (H100, session
-# 22, `results/h100-2026-11-23-s22/c1`): row layout, 128-row blocks 337 / 388 / 444 (causal 239 / 313 / 418) vs the
-# transposed 64-row blocks' 325 / 356 / 425 (235 / 305 / 364) and cuDNN's 345 / 397 / 450 (230 / 312 / 403). Session
-# 45 (`results/h100-2026-11-24-s45/c3`, CUDA-graph timed, 3 rounds): S and dP split by queries 345 / 400 / 454 (causal
-# 248 / 323 / 422) vs by keys 329 / 376 / 426 (239 / 312 / 401), cuDNN (eager) 337 / 383 / 438 (230 / 310 / 400).
-# Slower: at hd64 3 stages (+-1%), 128-row blocks in the transposed layout (spills), a rotated query walk, P and dS
-# behind one barrier (`c3`); a deferred dQ store (session 16). dQ issued before dK with its store beside dK's
-# product crashes ptxas 3.6 (SIGSEGV) under some integer specializations (session 22, call 2). Head dims padded to
-# 256 (H100, session 38, `results/h100-2026-11-24-s38/`, CUDA-graph timed, S = 1K / 2K / 4K), with the dQ pass (`c5`):
-# 302 / 339 / 337 (causal 237 / 286 / 315) vs cuDNN's 285 / 333 / 324 (224 / 285 / 333); one pass adding dQ by atomics
-# 230 / 250 / 260 (187 / 222 / 246), the Triton grid 171 / 180 / 187; one pass with no dQ at all 640 at 4K (`c3`).
-# Head dims 129..160 / 161..192 (session 44): the wide config at 128 columns plus a 32- / 64-column tail (TAIL_DIM,
-# as the forward's: forward_head_dim), in both passes. 65..80 (session 46): hd128's transposed layout at 64 columns
-# plus a 16-column tail (dQ's tail reduce-added through slots and a descriptor of its own). Same process
-# (`results/h100-2026-11-24-s46/c4`, graph-timed; cuDNN eager), S = 1K / 2K / 4K / 8K: hd80 307 / 346 / 367 / 385
-# (causal 225 / 288 / 329 / 358) vs 287 / 317 / 338 / 346 (211 / 265 / 303 / 327) padded to 128, cuDNN 286 / 336 / 356 /
-# 362 (214 / 271 / 304 / 344); hd72 1.05-1.10x padded. Three stages 0.92-0.99x two. At 81..96 the tail (32) measured
-# 0.98-1.02x padded (hd96 330 / 366 / 395 / 411 vs 323 / 365 / 389 / 403): 96 stays padded.
-HOPPER_BWD_CONFIGS = {64: _CONFIG_ROWS, 80: dict(_CONFIG, TAIL_DIM=16), 96: _CONFIG, 128: _CONFIG,
-                      160: dict(_CONFIG_WIDE, TAIL_DIM=32), 192: dict(_CONFIG_WIDE, TAIL_DIM=64), 256: _CONFIG_WIDE}
-
-
-# Under a softcap or ALiBi (session 48): hd64's row layout spills 160-172 bytes (the tanh's slope, 1 - t^2, is one
-# more tile beside P while dP is in flight) / 144-188 (ALiBi's per-key vector; ptxas 3.6 offline), the transposed
-# layout at 64 columns none: measured with a softcap 314 vs 293 TFLOP/s causal at 4K keys.
-HOPPER_BWD_SCORE_MOD_CONFIGS = {64: _CONFIG}
-
-
-def hopper_backward_config(head_dim: int, varlen: bool = False, score_mod: bool = False):
-    """This file's config for a call, or None where flash_bwd's grid is used: head dims computed as
-    flash_fwd_hopper.forward_head_dim says, or, varlen, padded as kernel_head_dim says (129..192 to 256: the
-    producers' zeroing of rows past cu_seqlens[-1], _hopper_common._zero_rows, takes one box); score_mod (a softcap
-    or ALiBi): the HOPPER_BWD_SCORE_MOD_CONFIGS entry where there is one."""
-    width = (kernel_head_dim if varlen else forward_head_dim)(head_dim)
-    config = (HOPPER_BWD_SCORE_MOD_CONFIGS.get(width) if score_mod else None) or HOPPER_BWD_CONFIGS.get(width)
-    return None if config is None else dict(config)
-
-
-def vector_block(config) -> int:
-    """What lse2 / delta's rows are rounded up to: the largest query block that reads them (this kernel's, and with
-    DQ_PASS the dQ pass's; powers of two)."""
-    if config["DQ_PASS"]:
-        return max(config["BLOCK_M"], flash_bwd_dq_hopper.dq_config(config["TAIL_DIM"])["BLOCK_M"])
-    return config["BLOCK_M"]
 
 
 def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_scale, window_right,
