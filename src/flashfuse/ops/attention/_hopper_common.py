@@ -34,17 +34,19 @@ if gluon is not None:
         return t
 
     @gluon.jit
-    def _alibi_slope(alibi, i_b, i_h):
-        """Query head i_h's ALiBi slope for batch entry (varlen: sequence) i_b, times log2(e): alibi = (p_alibi, fp32
-        slopes [batch or 1, nheads_q]; their batch stride, 0 for one slope per head)."""
-        return gl.load(alibi[0] + i_b * alibi[1] + i_h) * 1.4426950408889634
+    def _alibi_slope(alibi, i_b, i_h, qk_scale):
+        """Query head i_h's ALiBi slope for batch entry (varlen: sequence) i_b in the units of the raw scores the
+        kernels scale by qk_scale (log2 domain): slope * log2(e) / qk_scale. alibi = (p_alibi, fp32 slopes [batch or 1,
+        nheads_q]; their batch stride, 0 for one slope per head)."""
+        return gl.load(alibi[0] + i_b * alibi[1] + i_h) * (1.4426950408889634 / qk_scale)
 
     @gluon.jit
-    def _alibi(s, qk_scale, slope, queries, keys):
-        """s * qk_scale - slope * |queries - keys|: ALiBi's bias in the log2 domain (slope = the head's slope * log2(e))
-        on scores s, queries / keys the tile's query and key indices as fp32, broadcastable to s ([M, 1] and [1, N],
-        or transposed) and shifted alike (only their difference counts; exact below 2^24)."""
-        return s * qk_scale - slope * gl.abs(queries - keys)
+    def _alibi(s, slope, queries, keys):
+        """s - slope * |queries - keys|: ALiBi's bias on raw scores s (slope from _alibi_slope, in their units, so the
+        caller's scaling stays one FMA with its exponent's offset: a subtract and an FMA a score), queries / keys the
+        tile's query and key indices as fp32, broadcastable to s ([M, 1] and [1, N], or transposed) and shifted alike
+        (only their difference counts; exact below 2^24)."""
+        return s - slope * gl.abs(queries - keys)
 
     @gluon.jit
     def _softcap_slope(t, HAS_SOFTCAP: gl.constexpr):

@@ -234,8 +234,8 @@ if gluon is not None:
             mbarrier.wait(do_ready, 0)
         lse2 = lse_smem.load(rows_layout)
         delta_scaled = delta_smem.load(rows_layout) * sm_scale
-        if HAS_ALIBI:       # this program's query head's slope (log2 domain)
-            alibi_slope = _alibi_slope(alibi, alibi_row, i_h)
+        if HAS_ALIBI:       # this program's query head's slope (in raw score units)
+            alibi_slope = _alibi_slope(alibi, alibi_row, i_h, qk_scale)
             alibi_q = gl.arange(0, BLOCK_M, layout=rows_layout).to(gl.float32)
         for j in range(n_blocks):
             slot = j % NUM_STAGES
@@ -255,7 +255,7 @@ if gluon is not None:
             s = _softcap(s, softcap_scale, HAS_SOFTCAP)
             if HAS_ALIBI:       # keys from the block's n0, queries from m0
                 alibi_k = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)) + (n0 - m0 - off)).to(gl.float32)
-                p = gl.exp2(_alibi(s, qk_scale, alibi_slope, gl.expand_dims(alibi_q, 1), gl.expand_dims(alibi_k, 0))
+                p = gl.exp2(_alibi(s, alibi_slope, gl.expand_dims(alibi_q, 1), gl.expand_dims(alibi_k, 0)) * qk_scale
                             - gl.expand_dims(lse2, 1))
             else:
                 p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))

@@ -152,8 +152,8 @@ if gluon is not None:
             phase = (i // NUM_STAGES) & 1
             q = q_smem.index(slot)
             do = do_smem.index(slot)
-            if HAS_ALIBI:       # the step's query head's slope, log2 domain
-                alibi_slope = _alibi_slope(alibi, alibi_row, i_h)
+            if HAS_ALIBI:       # the step's query head's slope (in raw score units)
+                alibi_slope = _alibi_slope(alibi, alibi_row, i_h, qk_scale)
             mbarrier.wait(q_ready.index(slot), phase)
             st_tok = warpgroup_mma(k_smem, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             if TAIL_DIM > 0:
@@ -168,7 +168,7 @@ if gluon is not None:
             if HAS_ALIBI:       # queries from the step's m0 (recomputed each step), keys from the block's n0
                 alibi_q = (gl.arange(0, BLOCK_M, layout=cols_layout) + (m0 + off - n0)).to(gl.float32)
                 alibi_k = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout)).to(gl.float32)
-                pt = gl.exp2(_alibi(st, qk_scale, alibi_slope, gl.expand_dims(alibi_q, 0), gl.expand_dims(alibi_k, 1))
+                pt = gl.exp2(_alibi(st, alibi_slope, gl.expand_dims(alibi_q, 0), gl.expand_dims(alibi_k, 1)) * qk_scale
                              - gl.expand_dims(lse2, 0))
             else:
                 pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
@@ -298,8 +298,8 @@ if gluon is not None:
             phase = (i // NUM_STAGES) & 1
             q = q_smem.index(slot)
             do = do_smem.index(slot)
-            if HAS_ALIBI:       # the step's query head's slope, log2 domain
-                alibi_slope = _alibi_slope(alibi, alibi_row, i_h)
+            if HAS_ALIBI:       # the step's query head's slope (in raw score units)
+                alibi_slope = _alibi_slope(alibi, alibi_row, i_h, qk_scale)
             mbarrier.wait(q_ready.index(slot), phase)
             s_tok = warpgroup_mma(q, k_smem.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             if TAIL_DIM > 0:
@@ -314,7 +314,7 @@ if gluon is not None:
             if HAS_ALIBI:       # keys from the step's m0 (recomputed each step), queries from m0
                 alibi_q = gl.arange(0, BLOCK_M, layout=rows_layout).to(gl.float32)
                 alibi_k = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)) + (n0 - m0 - off)).to(gl.float32)
-                p = gl.exp2(_alibi(s, qk_scale, alibi_slope, gl.expand_dims(alibi_q, 1), gl.expand_dims(alibi_k, 0))
+                p = gl.exp2(_alibi(s, alibi_slope, gl.expand_dims(alibi_q, 1), gl.expand_dims(alibi_k, 0)) * qk_scale
                             - gl.expand_dims(lse2, 1))
             else:
                 p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))

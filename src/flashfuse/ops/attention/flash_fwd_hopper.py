@@ -289,8 +289,8 @@ if gluon is not None:
                         seen = gl.minimum(gl.minimum(row0 + ROWS, seqlen_q) + off + window_right, seqlen_k)
                         n_mine = gl.minimum(gl.maximum(gl.cdiv(seen, BLOCK_N) - j0, 1), n_blocks)
                 alibi_slope = 0.0
-                if HAS_ALIBI:       # this tile's head's slope, log2 domain
-                    alibi_slope = _alibi_slope(alibi, i_bh // nheads_q, i_bh % nheads_q)
+                if HAS_ALIBI:       # this tile's head's slope (in raw score units)
+                    alibi_slope = _alibi_slope(alibi, i_bh // nheads_q, i_bh % nheads_q, qk_scale)
                 m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
                 l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
                 acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)

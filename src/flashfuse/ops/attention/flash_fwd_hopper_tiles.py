@@ -21,17 +21,15 @@ if gluon is not None:
         Returns (p, alpha, m_new, l_new); blocks reaching past full_end get the causal / length mask, blocks starting
         before left_full (HAS_LEFT: the first key every row sees) the left window's. HAS_SOFTCAP: the scores are
         tanh(s * softcap_scale) times qk_scale (= softcap * log2(e)), capped before the mask. HAS_ALIBI: minus
-        alibi_slope (log2 domain) times |row + off - key|, added after the scale (and the cap)."""
+        alibi_slope (_hopper_common._alibi_slope's, in raw score units) times |row + off - key|, after the cap."""
         s = _softcap(s, softcap_scale, HAS_SOFTCAP)
-        scale = qk_scale
         if HAS_ALIBI:
             # row - key from the block's first key and the tile's first row: the key vector changes with j (kept
             # in the loop, not hoisted), the row vector is two values per thread
-            off = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+            first_key = j * BLOCK_N - m0 - (seqlen_k - seqlen_q if BOTTOM_RIGHT else 0)
             alibi_q = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout)).to(gl.float32)
-            alibi_k = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)) + (j * BLOCK_N - m0 - off)).to(gl.float32)
-            s = _alibi(s, qk_scale, alibi_slope, gl.expand_dims(alibi_q, 1), gl.expand_dims(alibi_k, 0))
-            scale = 1.0
+            alibi_k = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)) + first_key).to(gl.float32)
+            s = _alibi(s, alibi_slope, gl.expand_dims(alibi_q, 1), gl.expand_dims(alibi_k, 0))
         need_mask = (j + 1) * BLOCK_N > full_end
         if HAS_LEFT:
             need_mask = need_mask | (j * BLOCK_N < left_full)
@@ -52,9 +50,9 @@ if gluon is not None:
                 first = rows + off - window_left - j * BLOCK_N
                 visible = visible & (gl.expand_dims(rel, 0) >= gl.expand_dims(first, 1))
             s = gl.where(visible, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)   # rows with no visible key yet
-        p = gl.exp2(s * scale - gl.expand_dims(m_safe, 1))
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
         alpha = gl.exp2(m_i - m_safe)
         l_new = l_i * alpha + gl.sum(p, axis=1)
         return p, alpha, m_new, l_new
