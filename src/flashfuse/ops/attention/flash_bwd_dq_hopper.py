@@ -101,6 +101,22 @@ if gluon is not None:
         return vec0
 
     @gluon.jit
+    def _probs_rows(s, lse2, m0, n0, off, qk_scale, alibi_slope, alibi_q, HAS_SOFTCAP: gl.constexpr,
+                    HAS_ALIBI: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+        """(P, the softcap's slope for dS) in the row layout before the masks: P = exp2(score - lse2) from S [BLOCK_M
+        queries from m0, BLOCK_N keys from n0] (s_layout; already capped by _softcap where HAS_SOFTCAP), lse2 per
+        query, ALiBi's bias added (HAS_ALIBI: alibi_slope from _alibi_slope, alibi_q the queries' indices from m0 as
+        fp32, rows_layout, else both unused; the key vector is built from the step's offsets, so it is not hoisted out
+        of the caller's loop). Also flash_bwd_hopper's _bwd_consumer_rows's."""
+        if HAS_ALIBI:
+            alibi_k = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)) + (n0 - m0 - off)).to(gl.float32)
+            p = gl.exp2(_alibi(s, alibi_slope, gl.expand_dims(alibi_q, 1), gl.expand_dims(alibi_k, 0)) * qk_scale
+                        - gl.expand_dims(lse2, 1))
+        else:
+            p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+        return p, _softcap_slope(s, HAS_SOFTCAP)
+
+    @gluon.jit
     def _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                    MASK_QUERIES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
         """P [BLOCK_M queries from m0, BLOCK_N keys from n0] in the row layout (s_layout) with the keys past seqlen_k
@@ -234,7 +250,8 @@ if gluon is not None:
             mbarrier.wait(do_ready, 0)
         lse2 = lse_smem.load(rows_layout)
         delta_scaled = delta_smem.load(rows_layout) * sm_scale
-        if HAS_ALIBI:       # this program's query head's slope (in raw score units)
+        alibi_slope, alibi_q = 0.0, lse2            # (unused without ALiBi)
+        if HAS_ALIBI:       # this program's query head's slope (in raw score units), its queries' indices from m0
             alibi_slope = _alibi_slope(alibi, alibi_row, i_h, qk_scale)
             alibi_q = gl.arange(0, BLOCK_M, layout=rows_layout).to(gl.float32)
         for j in range(n_blocks):
@@ -253,13 +270,8 @@ if gluon is not None:
                 dp_tok = warpgroup_mma(smem[9], smem[8].index(v_slot).permute((1, 0)), dp_tok, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(s_tok, ))
             s = _softcap(s, softcap_scale, HAS_SOFTCAP)
-            if HAS_ALIBI:       # keys from the block's n0, queries from m0
-                alibi_k = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)) + (n0 - m0 - off)).to(gl.float32)
-                p = gl.exp2(_alibi(s, alibi_slope, gl.expand_dims(alibi_q, 1), gl.expand_dims(alibi_k, 0)) * qk_scale
-                            - gl.expand_dims(lse2, 1))
-            else:
-                p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-            dtanh = _softcap_slope(s, HAS_SOFTCAP)
+            p, dtanh = _probs_rows(s, lse2, m0, n0, off, qk_scale, alibi_slope, alibi_q, HAS_SOFTCAP, HAS_ALIBI,
+                                   BLOCK_N, s_layout)
             # (varlen: rows past the sequence's end need no mask here: their dQ rows are not stored)
             p = _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, False, BLOCK_M, BLOCK_N,
                            s_layout)

@@ -92,7 +92,7 @@ if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                   warpgroup_mma_wait)
 
-    from .flash_bwd_dq_hopper import _alloc_vector_rows, _mask_rows
+    from .flash_bwd_dq_hopper import _alloc_vector_rows, _mask_rows, _probs_rows
     from .flash_bwd_hopper_loads import _bwd_producer
     from .flash_bwd_hopper_stores import _hand_off_dq, _store_dkdv, _store_dkdv_rows
     from ._hopper_common import _alibi, _alibi_slope, _softcap, _softcap_grad, _softcap_slope
@@ -298,6 +298,7 @@ if gluon is not None:
             phase = (i // NUM_STAGES) & 1
             q = q_smem.index(slot)
             do = do_smem.index(slot)
+            alibi_slope = 0.0
             if HAS_ALIBI:       # the step's query head's slope (in raw score units)
                 alibi_slope = _alibi_slope(alibi, alibi_row, i_h, qk_scale)
             mbarrier.wait(q_ready.index(slot), phase)
@@ -311,14 +312,11 @@ if gluon is not None:
             s = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(s_tok, ))
             s = _softcap(s, softcap_scale, HAS_SOFTCAP)
             lse2 = lse_smem.index(slot).load(rows_layout)
-            if HAS_ALIBI:       # keys from the step's m0 (recomputed each step), queries from m0
+            alibi_q = lse2              # (unused without ALiBi)
+            if HAS_ALIBI:
                 alibi_q = gl.arange(0, BLOCK_M, layout=rows_layout).to(gl.float32)
-                alibi_k = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)) + (n0 - m0 - off)).to(gl.float32)
-                p = gl.exp2(_alibi(s, alibi_slope, gl.expand_dims(alibi_q, 1), gl.expand_dims(alibi_k, 0)) * qk_scale
-                            - gl.expand_dims(lse2, 1))
-            else:
-                p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-            dtanh = _softcap_slope(s, HAS_SOFTCAP)
+            p, dtanh = _probs_rows(s, lse2, m0, n0, off, qk_scale, alibi_slope, alibi_q, HAS_SOFTCAP, HAS_ALIBI,
+                                   BLOCK_N, s_layout)
             p = _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, IS_VARLEN, BLOCK_M,
                            BLOCK_N, s_layout)
             p_smem.store(p.to(dtype))
