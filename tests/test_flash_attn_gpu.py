@@ -43,6 +43,8 @@ GPU_CASES = [
     (BF16, 96, (2048, 2048), GQA, {"softcap": 5.0, "softmax_scale": 0.2, "causal": True}),
     (F16, 111, (256, 512), GQA, {}),
     (BF16, 111, (1023, 1024), MHA, {"alibi": "h"}),
+    (F16, 64, (300, 257), GQA, {"alibi": "bh", "softmax_scale": 0.0}),      # Triton's (Gluon divides by the scale)
+    (BF16, 128, (256, 512), GQA, {"alibi": "h", "softmax_scale": -0.1, "causal": True}),     # a negative scale
     (F16, 128, (2048, 2048), MHA, {"causal": True}),
     (BF16, 128, (256, 512), GQA, {"window_size": (256, 64), "alibi": "bh"}),
     (F16, 160, (113, 203), MQA, {"softcap": 2.5, "window_size": (40, 40)}),

@@ -223,6 +223,7 @@ def test_score_mods_take_gluon(monkeypatch, option):
     monkeypatch.setattr(hopper, "available", lambda device: True)
     monkeypatch.setattr(flash_fwd, "sm_count", lambda device: 132)
     assert plan() == dict(hopper.hopper_forward_config(128, True, 4096, 4096, 32, 132), GLUON=True)
+    assert (plan(softmax_scale=0.0) is None) == (option == "alibi")       # (Gluon divides ALiBi's slope by the scale)
     monkeypatch.setattr(hopper, "available", lambda device: False)
     assert plan() is None                                            # no Gluon: not the fast Triton kernel either
     assert flash_fwd._fast_forward_plan(q, q, q, q, 128, -1, 0, 0.0, None, None, 0.0, False, 16) is not None
@@ -232,10 +233,11 @@ def test_score_mods_take_gluon(monkeypatch, option):
 
 
 def test_hopper_backward_plan(monkeypatch):
-    """flash_bwd_hopper's Gluon backward: without the score extras, 16-bit (varlen's packed tensors too), at head
-    dims 33..256 (computed at 64 / 128, 128 + 32 / 64, 256; varlen's 129..192 at 256), where the device can run it
-    (never in the interpreter); deterministic=True only above 128, whose dQ pass adds nothing across programs
-    (elsewhere dQ is added by TMA reduce-adds). The kernels run in the GPU tier (test_flash_attn_kernels_gpu.py, test_flash_attn_varlen_gpu.py)."""
+    """flash_bwd_hopper's Gluon backward: without bias / dropout (softcap and ALiBi are in), 16-bit (varlen's packed
+    tensors too), at head dims 33..256 (computed at 64 / 128, 128 + 32 / 64, 256; varlen's 129..192 at 256), where the
+    device can run it (never in the interpreter); deterministic=True only above 128, whose dQ pass adds nothing across
+    programs (elsewhere dQ is added by TMA reduce-adds). The kernels run in the GPU tier
+    (test_flash_attn_kernels_gpu.py, test_flash_attn_varlen_gpu.py)."""
     from flashfuse.ops.attention import flash_bwd, flash_bwd_hopper as hopper
 
     q = torch.empty(2, 256, 4, 128, dtype=torch.bfloat16)

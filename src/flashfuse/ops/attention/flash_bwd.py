@@ -535,7 +535,9 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     if config is None and not (q.numel() == 0 or k.numel() == 0):
         hopper_cfg = _hopper_plan(dout, q, k, v, deterministic=deterministic,
                                   score_mod=softcap > 0 or alibi_slopes is not None,
-                                  extras=attn_bias is not None or dropout_p > 0)
+                                  # (the kernel divides ALiBi's slope by the scale)
+                                  extras=(attn_bias is not None or dropout_p > 0
+                                          or (alibi_slopes is not None and softmax_scale == 0.0)))
     if hopper_cfg is not None:
         return flash_bwd_hopper.gluon_backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, softcap=softcap,
                                                alibi_slopes=alibi_slopes,

@@ -472,11 +472,13 @@ def tma_compatible(*tensors) -> bool:
 
 
 def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softcap, alibi_slopes, attn_bias,
-                       dropout_p, is_varlen, nheads_q, batch=0, max_seqlen_q=0, max_seqlen_k=0):
+                       dropout_p, is_varlen, nheads_q, batch=0, max_seqlen_q=0, max_seqlen_k=0, softmax_scale=1.0):
     """The fast kernel's config for this call, or None: the features it leaves out go to the kernel above. Varlen
     (batch sequences of at most max_seqlen_q / k), softcap and ALiBi only on the Gluon kernel, O stored from registers
-    there for varlen."""
+    there for varlen; ALiBi with softmax_scale 0 not there either (its slope is divided by the scale)."""
     if not FAST_FORWARD or attn_bias is not None or dropout_p > 0.0:
+        return None
+    if alibi_slopes is not None and softmax_scale == 0.0:
         return None
     if is_varlen:         # the Gluon kernel's alone (flash_fwd_hopper_configs.varlen_config)
         if (GLUON_FORWARD and q.dtype in (torch.float16, torch.bfloat16) and flash_fwd_hopper.available(q.device)
@@ -572,7 +574,7 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
         return out, lse.fill_(float("inf"))
 
     fast = _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softcap, alibi_slopes,
-                              attn_bias, dropout_p, is_varlen, nheads_q, batch, seqlen_q, seqlen_k)
+                              attn_bias, dropout_p, is_varlen, nheads_q, batch, seqlen_q, seqlen_k, softmax_scale)
     if fast is not None and fast.pop("GLUON", False):
         qk_scale, softcap_scale = score_scales(softmax_scale, softcap)
         return flash_fwd_hopper.hopper_forward(
