@@ -153,6 +153,15 @@ def _causal_mask_mod(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
+def _flex_score_mod(softcap: float, slopes):
+    """FlexAttention's score_mod for flash-attn's softcap (on the scaled score) or ALiBi (equal lengths: no offset)."""
+    if softcap:
+        return lambda score, b, h, q_idx, kv_idx: softcap * torch.tanh(score / softcap)
+    if slopes is not None:
+        return lambda score, b, h, q_idx, kv_idx: score - slopes[h] * (q_idx - kv_idx).abs()
+    return None
+
+
 def _flex(static: bool):
     """torch.compile(flex_attention), one compiled callable per (head dim, causal, dtype).
 
@@ -171,15 +180,7 @@ def _flex(static: bool):
         if key not in _FLEX:
             _FLEX[key] = torch.compile(flex_attention, dynamic=False if static else None)
         compiled = _FLEX[key]
-        score_mod = None
-        if cap:
-            def score_mod(score, b, h, q_idx, kv_idx):      # flash-attn's softcap, on the scaled score
-                return cap * torch.tanh(score / cap)
-        elif alibi:
-            slopes = alibi_slopes(q.shape[1], q.device)
-
-            def score_mod(score, b, h, q_idx, kv_idx):      # flash-attn's ALiBi (equal lengths: no offset)
-                return score - slopes[h] * (q_idx - kv_idx).abs()
+        score_mod = _flex_score_mod(cap, alibi_slopes(q.shape[1], q.device) if alibi else None)
         mask = None
         if p.get("lens"):    # a packed batch: the document mask (built once per case, outside the timed callable)
             doc = torch.repeat_interleave(torch.arange(len(p["lens"]), device=q.device),

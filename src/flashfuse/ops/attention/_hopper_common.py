@@ -1,6 +1,6 @@
 """Gluon pieces shared by the Hopper attention kernels (flash_fwd_hopper, flash_bwd_hopper, flash_bwd_dq_hopper): the
-softcap and its derivative, ALiBi's bias, TMA boxes seen as tiles, a varlen sequence's bounds, and the producers' zeroing of rows
-past cu_seqlens[-1]; on the host, the shared-memory layouts and the 4-D descriptors' geometry."""
+softcap and its derivative, ALiBi's bias, TMA boxes seen as tiles, a varlen sequence's bounds, and the producers'
+zeroing of rows past cu_seqlens[-1]; on the host, the shared-memory layouts and the 4-D descriptors' geometry."""
 
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ if gluon is not None:
 
     @gluon.jit
     def _softcap(x, softcap_scale, HAS_SOFTCAP: gl.constexpr):
-        """HAS_SOFTCAP: tanh(x * softcap_scale), the raw scores x = Q K^T capped (the score is softcap * tanh(scale * x /
-        softcap): the caller folds softcap * log2(e) into its qk_scale), else x. tanh.approx.f32 is one MUFU instruction
-        (relative error ~2^-11), as flash-attn's CUDA kernels take it (cutlass::fast_tanh); libdevice's is ~20."""
+        """HAS_SOFTCAP: tanh(x * softcap_scale), the raw scores x = Q K^T capped (the score is softcap * tanh(scale *
+        x / softcap): the caller folds softcap * log2(e) into its qk_scale), else x. tanh.approx.f32 is one MUFU
+        instruction (relative error ~2^-11), as flash-attn's CUDA kernels take it (cutlass::fast_tanh); libdevice's is
+        ~20."""
         t = x
         if HAS_SOFTCAP:
             t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x * softcap_scale], dtype=gl.float32,
@@ -52,8 +53,8 @@ if gluon is not None:
     def _softcap_slope(t, HAS_SOFTCAP: gl.constexpr):
         """HAS_SOFTCAP: 1 - t^2 for _softcap's t, in fp16 (the callers keep it beside P across the masks: 16 bits there
         kept ptxas from spilling, and 1 - t^2 in [0, 1] keeps fp16's 11-bit precision down to 6e-5), else t (unused).
-        d(softcap * tanh(scale * x / softcap)) / dx = scale * (1 - t^2): dS's factor beside P (the callers fold the scale
-        into dS)."""
+        d(softcap * tanh(scale * x / softcap)) / dx = scale * (1 - t^2): dS's factor beside P (the callers fold the
+        scale into dS)."""
         g = t
         if HAS_SOFTCAP:
             g = (1.0 - t * t).to(gl.float16)

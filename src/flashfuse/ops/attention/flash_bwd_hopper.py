@@ -101,8 +101,9 @@ if gluon is not None:
     @gluon.jit
     def _bwd_consumer(descs, smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale, softcap_scale,
                       alibi, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                      HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr):
+                      HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr,
+                      FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                      NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr):
         """Eight warps (two warpgroups of BLOCK_N / 2 keys each): the schedule in the module docstring. The slot
         is released once every product reading it is done; dQ_j leaves through one of two fp32 slots. TAIL_DIM > 0
         (head dims 65..80 as 64 + 16 columns): Q's, K's, V's and dO's columns past HEAD_DIM in tiles of their own
@@ -365,8 +366,9 @@ if gluon is not None:
         p_cu_seqlens_k,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, softcap_scale, p_alibi, stride_alibi_b, window_left,
         window_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-        HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_T: gl.constexpr, DQ_PASS: gl.constexpr,
+        HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+        SCORES_T: gl.constexpr, DQ_PASS: gl.constexpr,
         Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr,
         TAIL_DIM: gl.constexpr, QT_SMEM: gl.constexpr, KVT_SMEM: gl.constexpr, DQT_SMEM: gl.constexpr,
         num_warps: gl.constexpr,

@@ -559,7 +559,8 @@ class _ForwardPlan:
         self.window = (window_left, window_right, n_units)
         self.launch = Launch(_launch_forward, grid, self.descriptors, HAS_LEFT=window_left >= 0,
                              HAS_RIGHT=window_right >= 0,
-                             BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=softcap, HAS_ALIBI=alibi, IS_VARLEN=is_varlen, PAIRED=paired, BLOCK_M=block_m,
+                             BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=softcap, HAS_ALIBI=alibi, IS_VARLEN=is_varlen,
+                             PAIRED=paired, BLOCK_M=block_m,
                              BLOCK_N=block_n,
                              HEAD_DIM=kernel_dim,
                              Q_SMEM=_smem_layout([rows, kernel_dim], q.dtype),

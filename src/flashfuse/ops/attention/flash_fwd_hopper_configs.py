@@ -155,8 +155,8 @@ def forward_head_dim(head_dim: int) -> Optional[int]:
     """The width the forward computes for inputs of head_dim (its HOPPER_CONFIGS key): 80 for 65..80 and 96 for 81..96
     (64 columns, then a tail box of 16 / 32: TAIL_DIM; session 46), 160 for 129..160 and 192 for 161..192 (128 columns,
     then a tail box of 32 / 64; session 43), else kernel_head_dim's 64 / 128 / 256. The backward
-    (flash_bwd_hopper_configs.HOPPER_BWD_CONFIGS) takes the widths above 128 since session 44 and pads 65..96 to 128; varlen
-    pads as kernel_head_dim says in both."""
+    (flash_bwd_hopper_configs.HOPPER_BWD_CONFIGS) takes the widths above 128 since session 44 and pads 65..96 to 128;
+    varlen pads as kernel_head_dim says in both."""
     if 64 < head_dim <= 80:
         return 80
     if 80 < head_dim <= 96:
