@@ -2,7 +2,7 @@
 Gluon kernels without a softcap, vs compiled FlexAttention with the softcap score_mod; bf16, 16384 tokens, heads =
 2048 / hd. Forward as flash_fwd.flash_attn_forward, backward as flash_bwd.flash_attn_backward (preprocess, kernel,
 dQ cast), both CUDA-graph timed (do_bench_cudagraph, median); Flex eager (do_bench: its forward, or its autograd
-backward). At hd64 the backward also as the row layout (HOPPER_BWD_SOFTCAP_CONFIGS emptied), which spills under a
+backward). At hd64 the backward also as the row layout (HOPPER_BWD_SCORE_MOD_CONFIGS emptied), which spills under a
 softcap. Rounds alternate the order; outputs / gradients of every route checked against the first. (gluon_nocap:
 the kernels without the score mod.)"""
 import os, torch
