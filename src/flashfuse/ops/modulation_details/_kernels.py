@@ -30,6 +30,8 @@ the residual form).
 import triton
 import triton.language as tl
 
+from ..norm_details._kernels import _chan_merge
+
 
 @triton.jit
 def _modulate_store(x_hat, P_SC, P_SH, P_Y, o_n, mask):
@@ -96,20 +98,13 @@ def _ada_ln_fwd_kernel(
         rstd = tl.math.rsqrt(tl.sum(d * d, axis=1) / n_cols + eps)
         _modulate_store(d * rstd[:, None], p_sc, p_sh, p_y, o_n, mask)
     else:
-        # Chan's pairwise update merges each block's (count n_b, mean mean_b, squared deviations m2_b)
-        # into the running (start, mean, m2): no cancellation, unlike E[x^2] - mu^2.
+        # Chan's pairwise update (norm_details' _chan_merge): no cancellation, unlike E[x^2] - mu^2.
         mean = tl.zeros([BLOCK_M], dtype=tl.float32)
         m2 = tl.zeros([BLOCK_M], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK_N):
             mask = m_m[:, None] & (start + o_n < n_cols)[None, :]
             x = _ln_input(p_x, p_r, p_g, p_h, start + o_n, mask, HAS_RESIDUAL, HAS_GATE, True)
-            n_b = tl.minimum(n_cols - start, BLOCK_N).to(tl.float32)
-            mean_b = tl.sum(x, axis=1) / n_b
-            d = tl.where(mask, x - mean_b[:, None], 0.0)
-            frac = n_b / (start + n_b)
-            delta = mean_b - mean
-            mean += delta * frac
-            m2 += tl.sum(d * d, axis=1) + delta * delta * start * frac
+            mean, m2 = _chan_merge(mean, m2, x, mask, start, n_cols, BLOCK_N)
         rstd = tl.math.rsqrt(m2 / n_cols + eps)
         for start in range(0, n_cols, BLOCK_N):
             mask = m_m[:, None] & (start + o_n < n_cols)[None, :]
@@ -118,6 +113,19 @@ def _ada_ln_fwd_kernel(
             _modulate_store(x_hat, p_sc + start, p_sh + start, p_y + start, o_n, mask)
     tl.store(MEAN + o_m, mean, mask=m_m)
     tl.store(RSTD + o_m, rstd, mask=m_m)
+
+
+@triton.jit
+def _bwd_block(p_x, p_dy, p_sc, o_n, m_t, n_cols, mean, rstd):
+    """One column block o_n of a row block of the backward's two passes (p_x, p_dy: [BLOCK_M] row pointers, m_t the
+    rows that exist, p_sc the sample's scale): (x_hat, g = dy (1 + sc), dy, the columns' mask, the block's mask)."""
+    m_n = o_n < n_cols
+    mask = m_t[:, None] & m_n[None, :]
+    x = tl.load(p_x[:, None] + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(p_dy[:, None] + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    w = 1.0 + tl.load(p_sc + o_n, mask=m_n, other=0.0).to(tl.float32)
+    x_hat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+    return x_hat, dy * w[None, :], dy, m_n, mask
 
 
 @triton.jit
@@ -183,25 +191,14 @@ def _ada_ln_bwd_kernel(
             c1 = tl.zeros([BLOCK_M], dtype=tl.float32)
             c2 = tl.zeros([BLOCK_M], dtype=tl.float32)
             for start in range(0, n_cols, BLOCK_N):
-                m_n = start + o_n < n_cols
-                mask = m_t[:, None] & m_n[None, :]
-                x = tl.load(p_x[:, None] + (start + o_n)[None, :], mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(p_dy[:, None] + (start + o_n)[None, :], mask=mask, other=0.0).to(tl.float32)
-                w = 1.0 + tl.load(p_sc + start + o_n, mask=m_n, other=0.0).to(tl.float32)
-                x_hat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-                g = dy * w[None, :]
+                x_hat, g, dy, m_n, mask = _bwd_block(p_x, p_dy, p_sc, start + o_n, m_t, n_cols, mean, rstd)
                 c1 += tl.sum(g, axis=1)
                 c2 += tl.sum(g * x_hat, axis=1)
             c1 = c1 / n_cols
             c2 = c2 / n_cols
             for start in range(0, n_cols, BLOCK_N):
-                m_n = start + o_n < n_cols
-                mask = m_t[:, None] & m_n[None, :]
-                x = tl.load(p_x[:, None] + (start + o_n)[None, :], mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(p_dy[:, None] + (start + o_n)[None, :], mask=mask, other=0.0).to(tl.float32)
-                w = 1.0 + tl.load(p_sc + start + o_n, mask=m_n, other=0.0).to(tl.float32)
-                x_hat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-                dx = rstd[:, None] * (dy * w[None, :] - c1[:, None] - x_hat * c2[:, None])
+                x_hat, g, dy, m_n, mask = _bwd_block(p_x, p_dy, p_sc, start + o_n, m_t, n_cols, mean, rstd)
+                dx = rstd[:, None] * (g - c1[:, None] - x_hat * c2[:, None])
                 if HAS_DH:
                     dx += tl.load(p_dh[:, None] + (start + o_n)[None, :], mask=mask, other=0.0).to(tl.float32)
                 tl.store(p_dx[:, None] + (start + o_n)[None, :], dx.to(DX.dtype.element_ty), mask=mask)

@@ -41,6 +41,20 @@ def _load_sum(X, R, S, o_m, o_n, mask, stride_x_row, stride_r_row, stride_s_row,
 
 
 @triton.jit
+def _chan_merge(mean, m2, s, mask, start, n_cols, BLOCK_N: tl.constexpr):
+    """Rows' running (mean, m2) over columns [0, start) merged with the block s [BLOCK_M, BLOCK_N] of columns start..
+    (mask: which of them exist): Chan's pairwise update, delta = mean_b - mean, mean += delta n_b / (start + n_b),
+    m2 += m2_b + delta^2 start n_b / (start + n_b) (no cancellation, unlike E[s^2] - mu^2). Also the adaptive
+    LayerNorm's (modulation_details)."""
+    n_b = tl.minimum(n_cols - start, BLOCK_N).to(tl.float32)
+    mean_b = tl.sum(s, axis=1) / n_b
+    d = tl.where(mask, s - mean_b[:, None], 0.0)
+    frac = n_b / (start + n_b)
+    delta = mean_b - mean
+    return mean + delta * frac, m2 + tl.sum(d * d, axis=1) + delta * delta * start * frac
+
+
+@triton.jit
 def _normalize_store(s, mean, rstd, X, W, B, Y, o_m, o_n, m_n, mask, stride_y_row, offset,
                      IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                      LLAMA_CASTING: tl.constexpr):
@@ -92,10 +106,8 @@ def _norm_fwd_kernel(
         _normalize_store(s, mean, rstd, X, W, B, Y, o_m, o_n, m_n, mask, stride_y_row, offset,
                          IS_RMS, HAS_WEIGHT, HAS_BIAS, LLAMA_CASTING)
     else:
-        # Pass 1. RMSNorm: m2 = sum of squares. LayerNorm: Chan's pairwise update merges each block's
-        # (count n_b, mean mean_b, sum of squared deviations m2_b) into the running (start, mean, m2):
-        #   delta = mean_b - mean,  mean += delta n_b / (start + n_b),
-        #   m2 += m2_b + delta^2 start n_b / (start + n_b)      (no cancellation, unlike E[s^2] - mu^2)
+        # Pass 1. RMSNorm: m2 = sum of squares. LayerNorm: Chan's pairwise update (_chan_merge) merges each
+        # block's (count, mean, sum of squared deviations) into the running (mean, m2).
         mean = tl.zeros([BLOCK_M], dtype=tl.float32)
         m2 = tl.zeros([BLOCK_M], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK_N):
@@ -106,13 +118,7 @@ def _norm_fwd_kernel(
             if IS_RMS:
                 m2 += tl.sum(s * s, axis=1)
             else:
-                n_b = tl.minimum(n_cols - start, BLOCK_N).to(tl.float32)
-                mean_b = tl.sum(s, axis=1) / n_b
-                d = tl.where(mask, s - mean_b[:, None], 0.0)
-                frac = n_b / (start + n_b)
-                delta = mean_b - mean
-                mean += delta * frac
-                m2 += tl.sum(d * d, axis=1) + delta * delta * start * frac
+                mean, m2 = _chan_merge(mean, m2, s, mask, start, n_cols, BLOCK_N)
         rstd = tl.math.rsqrt(m2 / n_cols + eps)
         if HAS_RESIDUAL:
             # Pass 2 reads the sum back from S; other threads of this program wrote parts of it.
