@@ -356,6 +356,9 @@ def test_attention_gpu_cases_follow_flash_attn_benchmark_shapes():
     assert {c.mode for c in long} == {"fwd", "bwd"}
     assert all(c.params == dict(B=1, H=16, S=65536, D=128, causal=True, long=True) for c in long)
     assert {"naive", "flashfuse"} <= set(long[0].providers)
+    det = [c for c in cases if c.group.startswith("deterministic")]
+    assert len(det) == 2 * 2 * 3 and all(c.mode == "bwd" and c.params["deterministic"] for c in det)
+    assert set(det[0].providers) == {"flashfuse", "sdpa-flash-det", "sdpa-efficient-det", "sdpa-cudnn"}
     both = suite.cases(Options(device="cuda", dtypes=(torch.bfloat16, torch.float16), only="^fwd"))
     assert {c.dtype for c in both if c.group.startswith("hd")} == {torch.bfloat16, torch.float16}
     # correctness on a reduced copy: batch 1, 2 heads, seqlen capped at 2048
@@ -379,6 +382,30 @@ def test_attention_cuda_providers_and_size_limits(monkeypatch):
     assert naive(cases["long-context fwd hd128 causal S=65536 bf16"]) is None   # the OOM is the point
     basic = providers["basic"].skip
     assert basic(cases["progression S=2048 fp16"]) is None and basic(cases["progression S=4096 fp16"])
+
+
+def test_deterministic_sdpa_rows_set_the_flag_for_their_backward_only():
+    """The sdpa-*-det providers wrap SDPA in _DeterministicSpan: torch.use_deterministic_algorithms is on while the
+    backward between the two spans runs, and back as it was after."""
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(torch.are_deterministic_algorithms_enabled())
+            return grad * 2
+
+    x = torch.randn(3, requires_grad=True)
+    before = torch.are_deterministic_algorithms_enabled()
+    out = attention._DeterministicSpan.apply(Probe.apply(attention._DeterministicSpan.apply(x, before)), True)
+    assert not seen and torch.are_deterministic_algorithms_enabled() == before
+    out.sum().backward()
+    assert seen == [True] and torch.are_deterministic_algorithms_enabled() == before
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
 
 
 def test_attention_cpu_run_checks_every_provider():

@@ -12,7 +12,9 @@ Three groups of cases (canonical layout: torch SDPA's (batch, nheads, seqlen, he
     4096), hd 64 / 128, through flash_attn_varlen_func, beside FlexAttention with a document mask. Softcap
     (GPU): Gemma-2's causal attention with softcap 50 at hd 128 / 256 (seqlen 1024..4096), beside FlexAttention
     with the same score_mod (SDPA has no softcap); ALiBi likewise (MPT / BLOOM: causal, hd 128, the standard slopes
-    2^(-8 (h + 1) / H)).
+    2^(-8 (h + 1) / H)). Deterministic backward (GPU): hd 64 / 128, seqlen 1024..4096, ``deterministic=True``
+    beside SDPA's flash (FA2) and efficient backends with their backward under torch.use_deterministic_algorithms,
+    and cuDNN's (not deterministic in torch) for scale.
 (b) the progression (flashfuse.attention: naive -> basic -> vectorized -> blocked -> flash), forward,
     B=1, H=16, D=64, fp16, S = 256..8192; the slow kernels only where they finish in seconds.
 (c) long context: causal S = 65536, B=1, 16 heads of 128, bf16: the naive version cannot allocate its
@@ -49,6 +51,7 @@ VARLEN_PROVIDERS = ("flashfuse", "flex")
 FA_SOFTCAP, FA_SOFTCAP_HEADDIMS = 50.0, (128, 256)
 FA_ALIBI_HEADDIMS = (128,)
 SCORE_MOD_PROVIDERS = ("flashfuse", "flex")
+DETERMINISTIC_PROVIDERS = ("flashfuse", "sdpa-flash-det", "sdpa-efficient-det", "sdpa-cudnn")
 # (b) one (batch, head) grid small enough that the per-query kernels finish in seconds.
 PROG_BATCH, PROG_HEADS, PROG_HEADDIM = 1, 16, 64
 PROG_SEQLENS = (256, 512, 1024, 2048, 4096, 8192)
@@ -127,13 +130,31 @@ def _flashfuse(case: Case, q, k, v):
         return _flashfuse_varlen(case, q, k, v)
     causal, softcap = case.params["causal"], case.params.get("softcap", 0.0)
     slopes = alibi_slopes(q.shape[1], q.device) if case.params.get("alibi") else None
+    deterministic = case.params.get("deterministic", False)
     # Its own layout, contiguous, as a flash-attn user would hold it; the copies are made here, untimed.
     qs, ks, vs = (_swap(t.detach()).contiguous().requires_grad_(t.requires_grad) for t in (q, k, v))
-    return Call(lambda: flash_attn_func(qs, ks, vs, causal=causal, softcap=softcap, alibi_slopes=slopes),
+    return Call(lambda: flash_attn_func(qs, ks, vs, causal=causal, softcap=softcap, alibi_slopes=slopes,
+                                        deterministic=deterministic),
                 leaves=(qs, ks, vs), to_canon=_swap, from_canon=_swap)
 
 
-def _sdpa(backend: str):
+class _DeterministicSpan(torch.autograd.Function):
+    """The identity, whose backward sets torch.use_deterministic_algorithms: ``on`` (True on SDPA's output, whose
+    backward runs first; the setting before it on its inputs, whose backward runs last), so that SDPA's own backward
+    alone runs deterministic (FA2's deterministic dQ, the efficient backend's one key split)."""
+
+    @staticmethod
+    def forward(ctx, x, on):
+        ctx.on = on
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        torch.use_deterministic_algorithms(ctx.on)
+        return grad, None
+
+
+def _sdpa(backend: str, deterministic: bool = False):
     def factory(case: Case, q, k, v):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -141,7 +162,12 @@ def _sdpa(backend: str):
 
         def fn():
             with sdpa_kernel(chosen):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                if not deterministic:
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                before = torch.are_deterministic_algorithms_enabled()
+                qd, kd, vd = (_DeterministicSpan.apply(t, before) for t in (q, k, v))
+                out = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=causal)
+                return _DeterministicSpan.apply(out, True)
         return fn
     return factory
 
@@ -271,7 +297,7 @@ def _case(group_kind: str, B, H, S, D, causal, dtype, mode, providers, **extra) 
     else:
         name, group = f"long-context {mode} hd{D} {mask} S={S} {dt}", f"long-context hd{D} {mode} {dt}"
     lens = extra.get("lens")
-    if group_kind in ("softcap", "alibi"):
+    if group_kind in ("softcap", "alibi", "deterministic"):
         name = f"{mode} hd{D} {mask} {group_kind} S={S} {dt}"
         group = f"{group_kind} hd{D} {'causal' if causal else 'non-causal'} {mode} {dt}"
     if group_kind == "varlen":
@@ -309,6 +335,10 @@ class Attention(Suite):
             Provider("sdpa-flash", _sdpa("FLASH_ATTENTION"), needs_cuda=True, description="SDPA, flash backend (FA2)"),
             Provider("sdpa-efficient", _sdpa("EFFICIENT_ATTENTION"), needs_cuda=True,
                      description="SDPA, memory-efficient backend"),
+            Provider("sdpa-flash-det", _sdpa("FLASH_ATTENTION", deterministic=True), needs_cuda=True,
+                     description="SDPA, flash backend (FA2), backward under torch.use_deterministic_algorithms"),
+            Provider("sdpa-efficient-det", _sdpa("EFFICIENT_ATTENTION", deterministic=True), needs_cuda=True,
+                     description="SDPA, efficient backend, backward under torch.use_deterministic_algorithms"),
             Provider("flex", _flex(static=False), needs_cuda=True,
                      description="torch.compile(flex_attention), dynamic shapes: one compile per (hd, causal)"),
             Provider("flex-static", _flex(static=True), needs_cuda=True, default=False,
@@ -372,6 +402,11 @@ class Attention(Suite):
                         for S in FA_WIDE_QUICK_SEQLENS if opts.quick else FA_WIDE_SEQLENS:
                             cases.append(_case("alibi", FA_TOKENS // S, FA_MODEL_DIM // D, S, D, True, dtype, mode,
                                                SCORE_MOD_PROVIDERS, alibi=True))
+                for D in FA_HEADDIMS:
+                    for causal in (False, True):
+                        for S in FA_WIDE_QUICK_SEQLENS if opts.quick else FA_WIDE_SEQLENS:
+                            cases.append(_case("deterministic", FA_TOKENS // S, FA_MODEL_DIM // D, S, D, causal,
+                                               dtype, "bwd", DETERMINISTIC_PROVIDERS, deterministic=True))
         return cases
 
     def _progression_cases(self, opts):
