@@ -177,6 +177,35 @@ def test_dropout_mask_fraction(device, dropout_p):
     assert ((per_block - (1 - dropout_p)).abs() < 6 * block_sigma).all()
 
 
+
+@pytest.mark.parametrize("seed, batch, nheads, seqlen_q, seqlen_k, dropout_p", [
+    (3, 1, 2, 77, 131, 0.1), (5, 2, 1, 17, 40, 0.6), (9, 1, 3, 130, 33, 0.999999)])
+def test_dropout_mask_definition(device, seed, batch, nheads, seqlen_q, seqlen_k, dropout_p):
+    """dropout_mask (the Triton kernels' per-score draw) is the definition in dropout.py's docstring, written in plain
+    PyTorch (reference_dropout_mask): same groups, counters, words, halves and threshold; dropout_p near 1 clamps to
+    2^16 - 1 (a score is kept iff its 16 bits are all ones)."""
+    from flashfuse.ops.attention.dropout import dropout_mask, new_rng_state, reference_dropout_mask
+
+    torch.manual_seed(seed)
+    rng = new_rng_state(device)
+    got = dropout_mask(rng, batch, nheads, seqlen_q, seqlen_k, dropout_p)
+    assert torch.equal(got, reference_dropout_mask(rng, batch, nheads, seqlen_q, seqlen_k, dropout_p))
+
+
+def test_dropout_mask_group_independence(device):
+    """The eight scores of a group come from one Philox call: neighbours within a group (j, j + 1), (j, j + 8) and
+    (i, i + 8) agree as often as independent draws would, p^2 + (1 - p)^2 (6 sigmas over ~64K pairs each)."""
+    p = 0.4
+    mask = dropout_mask_for(13, device, 2, 4, 256, 128, p).float()
+    expected = p * p + (1 - p) * (1 - p)
+    pairs = {"j, j+1": (mask[..., 0::2], mask[..., 1::2]),
+             "j, j+8": (mask[..., (torch.arange(128) % 16) < 8], mask[..., (torch.arange(128) % 16) >= 8]),
+             "i, i+8": (mask[:, :, (torch.arange(256) % 16) < 8], mask[:, :, (torch.arange(256) % 16) >= 8])}
+    for name, (a, b) in pairs.items():
+        agree, n = (a == b).float().mean().item(), a.numel()
+        sigma = (expected * (1 - expected) / n) ** 0.5
+        assert abs(agree - expected) < 6 * sigma, f"{name}: agree {agree:.4f}, expected {expected:.4f}"
+
 # ----------------------------------------------------------------------------------------------------
 # deterministic=True, strided inputs
 # ----------------------------------------------------------------------------------------------------
