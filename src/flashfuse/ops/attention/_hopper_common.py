@@ -50,6 +50,108 @@ if gluon is not None:
         return s - slope * gl.abs(queries - keys)
 
     @gluon.jit
+    def _dropout_rng(p_rng, dropout_p):
+        """(key low, key high, offset, threshold, scale) of dropout.py's mask from rng_state = (seed, offset) int64 at
+        p_rng: Philox's key is the seed's two 32-bit halves, threshold dropout.dropout_threshold's, scale 1 / (1 - p)."""
+        seed = gl.load(p_rng)
+        threshold = gl.minimum((dropout_p * 65536.0 + 0.5).to(gl.int32), 65535).to(gl.uint32)
+        return ((seed & 0xFFFFFFFF).to(gl.uint32), (seed >> 32).to(gl.uint32), gl.load(p_rng + 1).to(gl.uint32),
+                threshold, 1.0 / (1.0 - dropout_p))
+
+    @gluon.jit
+    def _philox(c0, c1, c2, c3, k0, k1):
+        """Philox4x32-10 on uint32 tensors, tl.philox's rounds (c: the counter, (k0, k1): the key)."""
+        for _ in gl.static_range(10):
+            c0, c1, c2, c3 = (gl.umulhi(c2, gl.full_like(c2, 0xCD9E8D57)) ^ c1 ^ k0, c2 * 0xCD9E8D57,
+                              gl.umulhi(c0, gl.full_like(c0, 0xD2511F53)) ^ c3 ^ k1, c0 * 0xD2511F53)
+            k0 = k0 + 0x9E3779B9
+            k1 = k1 + 0xBB67AE85
+        return c0, c1, c2, c3
+
+    @gluon.jit
+    def _to_groups(x, TRANSPOSED: gl.constexpr):
+        """A [rows, cols] score tile (any layout whose threads hold dropout.py's groups, as wgmma's accumulators do)
+        seen as [groups, values]: rows = queries, [rows / 2, cols / 4, 2 (key bit 0), 2 (query bit 3), 2 (key bit 3)];
+        TRANSPOSED (rows = keys), [rows / 2, cols / 2, 2 (query bit 3), 2 (key bit 3)] (a group's other key parity
+        is another thread's). Register renaming only: reshapes and permutes of the layout."""
+        R: gl.constexpr = x.shape[0]
+        C: gl.constexpr = x.shape[1]
+        if TRANSPOSED:
+            x = gl.permute(gl.reshape(x, [R // 16, 2, 8, C // 16, 2, 8]), (0, 2, 3, 5, 4, 1))
+            g = gl.reshape(x, [R // 2, C // 2, 2, 2])
+        else:
+            x = gl.permute(gl.reshape(x, [R // 16, 2, 8, C // 16, 2, 4, 2]), (0, 2, 3, 5, 6, 1, 4))
+            g = gl.reshape(x, [R // 2, C // 4, 2, 2, 2])
+        return g
+
+    @gluon.jit
+    def _from_groups(g, R: gl.constexpr, C: gl.constexpr, TRANSPOSED: gl.constexpr):
+        """_to_groups undone: [R, C]."""
+        if TRANSPOSED:
+            x = gl.permute(gl.reshape(g, [R // 16, 8, C // 16, 8, 2, 2]), (0, 5, 1, 2, 4, 3))
+        else:
+            x = gl.permute(gl.reshape(g, [R // 16, 8, C // 16, 4, 2, 2, 2]), (0, 5, 1, 2, 6, 3, 4))
+        return gl.reshape(x, [R, C])
+
+    @gluon.jit
+    def _first(g):
+        """[..., 2] -> [...]: the values at index 0 of the last dimension."""
+        lo, _ = gl.split(g)
+        return lo
+
+    @gluon.jit
+    def _dropout_keep(rng, bh, q0, k0, R: gl.constexpr, C: gl.constexpr, layout: gl.constexpr,
+                      TRANSPOSED: gl.constexpr):
+        """dropout.py's keep-mask (bool, layout) of the [R, C] score tile whose first query is q0 and first key k0
+        (multiples of 16, counted inside the sequence) for query head bh = batch * nheads_q + head (varlen: sequence
+        * nheads_q + head); TRANSPOSED: rows are keys, columns queries (the backward's S^T). layout: a wgmma
+        accumulator layout, in which each thread holds whole groups (rows) or a group's scores of one key parity
+        (TRANSPOSED). One Philox call per group a thread holds: R * C / 8 calls (TRANSPOSED: R * C / 4) over the
+        tile's threads; the counters are built per score and picked per group (the rest is dead code)."""
+        r_idx = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+        c_idx = gl.arange(0, C, layout=gl.SliceLayout(0, layout))
+        if TRANSPOSED:
+            keys = gl.expand_dims(k0 + r_idx, 1)
+            queries = gl.expand_dims(q0 + c_idx, 0)
+        else:
+            queries = gl.expand_dims(q0 + r_idx, 1)
+            keys = gl.expand_dims(k0 + c_idx, 0)
+        band = (keys >> 4) + queries * 0                                    # c0: the keys' band of 16
+        group = (((queries >> 4) << 5) | ((queries & 7) << 2)) + ((keys >> 1) & 3)  # c1
+        if TRANSPOSED:
+            c0 = _first(_first(_to_groups(band, True))).to(gl.uint32)
+            c1 = _first(_first(_to_groups(group, True))).to(gl.uint32)
+            shift = _first(_first(_to_groups(((keys & 1) << 4) + queries * 0, True))).to(gl.uint32)
+        else:
+            c0 = _first(_first(_first(_to_groups(band, False)))).to(gl.uint32)
+            c1 = _first(_first(_first(_to_groups(group, False)))).to(gl.uint32)
+        k_lo, k_hi, offset, threshold, _ = rng
+        w0, w1, w2, w3 = _philox(c0, c1, gl.full_like(c0, 0) + bh.to(gl.uint32), gl.full_like(c0, 0) + offset,
+                                 k_lo, k_hi)
+        # word (query bit 3) + 2 (key bit 3); half: key bit 0
+        if TRANSPOSED:
+            v0 = ((w0 >> shift) & 0xFFFF) >= threshold
+            v1 = ((w1 >> shift) & 0xFFFF) >= threshold
+            v2 = ((w2 >> shift) & 0xFFFF) >= threshold
+            v3 = ((w3 >> shift) & 0xFFFF) >= threshold
+            keep = gl.join(gl.join(v0, v1), gl.join(v2, v3))                 # [.., 2 (query bit 3), 2 (key bit 3)]
+        else:
+            h0 = gl.join((w0 & 0xFFFF) >= threshold, (w0 >> 16) >= threshold)
+            h1 = gl.join((w1 & 0xFFFF) >= threshold, (w1 >> 16) >= threshold)
+            h2 = gl.join((w2 & 0xFFFF) >= threshold, (w2 >> 16) >= threshold)
+            h3 = gl.join((w3 & 0xFFFF) >= threshold, (w3 >> 16) >= threshold)
+            keep = gl.join(gl.join(h0, h1), gl.join(h2, h3))                 # [.., 2 (key bit 0), 2, 2]
+        return gl.convert_layout(_from_groups(keep, R, C, TRANSPOSED), layout, assert_trivial=True)
+
+    @gluon.jit
+    def _dropped(p, rng, bh, q0, k0, layout: gl.constexpr, HAS_DROPOUT: gl.constexpr, TRANSPOSED: gl.constexpr = False):
+        """HAS_DROPOUT: p [R, C] (layout) with the scores that dropout.py's mask drops set to 0 (_dropout_keep's
+        arguments), else p."""
+        if HAS_DROPOUT:
+            p = gl.where(_dropout_keep(rng, bh, q0, k0, p.shape[0], p.shape[1], layout, TRANSPOSED), p, 0.0)
+        return p
+
+    @gluon.jit
     def _softcap_slope(t, HAS_SOFTCAP: gl.constexpr):
         """HAS_SOFTCAP: 1 - t^2 for _softcap's t, in fp16 (the callers keep it beside P across the masks: 16 bits there
         kept ptxas from spilling, and 1 - t^2 in [0, 1] keeps fp16's 11-bit precision down to 6e-5), else t (unused).

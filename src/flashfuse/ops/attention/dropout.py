@@ -39,7 +39,7 @@ def new_rng_state(device) -> torch.Tensor:
 @triton.jit
 def dropout_threshold(dropout_p):
     """u >= this keeps a score: round(dropout_p * 2^16) in fp32, at most 2^16 - 1."""
-    p = tl.to_tensor(dropout_p).to(tl.float32)
+    p = tl.cast(dropout_p, tl.float32)        # (a Python float in the interpreter)
     return tl.minimum((p * 65536.0 + 0.5).to(tl.int32), 65535).to(tl.uint32)
 
 

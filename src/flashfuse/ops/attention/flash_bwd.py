@@ -491,8 +491,8 @@ GLUON_BACKWARD = True
 
 def _hopper_plan(dout, q, k, v, *, deterministic, extras, score_mod=False):
     """flash_bwd_hopper's config for this call, or None: deterministic=True where it adds dQ with TMA reduce-adds
-    (every head dim up to 128; above, the dQ pass sums in a fixed order), bias / dropout (``extras``: not in that
-    kernel; softcap and ALiBi are, ``score_mod``),
+    (every head dim up to 128; above, the dQ pass sums in a fixed order), bias (``extras``: not in that kernel;
+    softcap, ALiBi and dropout are, ``score_mod``),
     32-bit inputs, strides TMA cannot take, other GPUs. Varlen's packed (total, heads, head_dim) tensors compute head
     dims 129..256 at 256 (hopper_backward_config)."""
     if not GLUON_BACKWARD or extras or q.dtype not in (torch.float16, torch.bfloat16):
@@ -534,13 +534,12 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window
     hopper_cfg = None
     if config is None and not (q.numel() == 0 or k.numel() == 0):
         hopper_cfg = _hopper_plan(dout, q, k, v, deterministic=deterministic,
-                                  score_mod=softcap > 0 or alibi_slopes is not None,
+                                  score_mod=softcap > 0 or alibi_slopes is not None or dropout_p > 0,
                                   # (the kernel divides ALiBi's slope by the scale)
-                                  extras=(attn_bias is not None or dropout_p > 0
-                                          or (alibi_slopes is not None and softmax_scale == 0.0)))
+                                  extras=attn_bias is not None or (alibi_slopes is not None and softmax_scale == 0.0))
     if hopper_cfg is not None:
         return flash_bwd_hopper.gluon_backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, softcap=softcap,
-                                               alibi_slopes=alibi_slopes,
+                                               alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng_state=rng_state,
                                                window_left=window_left, window_right=window_right,
                                                bottom_right=bottom_right, fp32_grads=fp32_grads, config=hopper_cfg,
                                                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,

@@ -37,8 +37,8 @@ if gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-    from ._hopper_common import (_alibi, _alibi_slope, _load_zeroed, _packed_end, _seq_bounds, _softcap,
-                                 _softcap_grad, _softcap_slope, _tma_box)
+    from ._hopper_common import (_alibi, _alibi_slope, _dropout_keep, _dropout_rng, _load_zeroed, _packed_end,
+                                 _seq_bounds, _softcap, _softcap_grad, _softcap_slope, _tma_box)
 
     @gluon.jit
     def _query_block(cu_seqlens, seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT: gl.constexpr,
@@ -212,8 +212,9 @@ if gluon is not None:
 
     @gluon.jit
     def _dq_consumer(smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, softcap_scale, alibi,
-                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                     HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr,
+                     dropout, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                     HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_DROPOUT: gl.constexpr,
+                     IS_VARLEN: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                      TAIL_DIM: gl.constexpr, V_STAGES: gl.constexpr):
         """Eight warps, each warpgroup its own 64 of the BLOCK_M = 128 query rows x all BLOCK_N keys: the schedule in
@@ -236,8 +237,11 @@ if gluon is not None:
         TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
         alibi_row = 0
-        if HAS_ALIBI:       # the slopes' row: this program's batch entry (varlen: sequence), as _query_block's
+        if HAS_ALIBI or HAS_DROPOUT:    # the slopes' row: this program's batch entry (varlen: sequence), as _query_block's
             alibi_row = gl.program_id(0) // gl.cdiv(seqlen_q, BLOCK_M) // nheads_q
+        rng = (0, 0, 0, 0, 1.0)
+        if HAS_DROPOUT:         # (Philox key, offset, threshold, 1 / (1 - p)): dropout.py's mask
+            rng = _dropout_rng(dropout[0], dropout[1])
         b, q_start, k_start, seqlen_q, seqlen_k, i_h, m0, off, j0, n_blocks, live, _ = _query_block(
             cu_seqlens, seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
             BLOCK_N)
@@ -280,6 +284,9 @@ if gluon is not None:
             if V_STAGES < NUM_STAGES:
                 gl.thread_barrier()         # both warpgroups' dP is done: V's slot is free
                 mbarrier.arrive(v_empty.index(v_slot), count=1)
+            if HAS_DROPOUT:     # dP's kept entries / (1 - p), the others 0
+                dp = gl.where(_dropout_keep(rng, alibi_row * nheads_q + i_h, m0, n0, BLOCK_M, BLOCK_N, s_layout, False),
+                              dp * rng[4], 0.0)
             # dS with the softmax scale folded in: dQ needs no final scaling
             ds = (p * (dp * sm_scale - gl.expand_dims(delta_scaled, 1))).to(dtype)
             ds_a = gl.convert_layout(ds, gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2))
@@ -314,9 +321,10 @@ if gluon is not None:
     def _flash_bwd_dq_hopper_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, qt_desc, kt_desc, vt_desc, dot_desc,
         p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim, p_cu_seqlens_q, p_cu_seqlens_k,
-        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, softcap_scale, p_alibi, stride_alibi_b, window_left,
-        window_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-        HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr, BLOCK_M: gl.constexpr,
+        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, softcap_scale, p_alibi, stride_alibi_b, p_rng,
+        dropout_p, window_left, window_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+        HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_DROPOUT: gl.constexpr, IS_VARLEN: gl.constexpr,
+        BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr,
         KV_SMEM: gl.constexpr, TAIL_DIM: gl.constexpr, QT_SMEM: gl.constexpr,
         KVT_SMEM: gl.constexpr, V_STAGES: gl.constexpr, num_warps: gl.constexpr,
@@ -381,8 +389,8 @@ if gluon is not None:
         cu_seqlens = (p_cu_seqlens_q, p_cu_seqlens_k)
         gl.warp_specialize([
             (_dq_consumer, (smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, softcap_scale,
-                            (p_alibi, stride_alibi_b), HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-                            IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, V_STAGES)),
+                            (p_alibi, stride_alibi_b), (p_rng, dropout_p), HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, V_STAGES)),
             (_dq_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
                             IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill, V_STAGES)),
         ], [1], [PRODUCER_REGS])
@@ -418,21 +426,22 @@ def dq_config(tail: int) -> dict:
 
 def hopper_backward_dq(dout, q, k, v, lse2, delta, dq, *, qk_scale, sm_scale, window_left, window_right,
                        bottom_right, tail=0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
-                       max_seqlen_k=0, softcap_scale=0.0, alibi_slopes=None):
+                       max_seqlen_k=0, softcap_scale=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None):
     """Write dq (shaped like q, contiguous; q's dtype or fp32) from validated inputs, lse2 / delta as
     flash_bwd_preprocess.hopper_backward_inputs makes them (rows a multiple of dq_config(tail)'s BLOCK_M), through the
     plan kept for this call signature. tail: 0 (head dims padded as kernel_head_dim says), or 32 / 64 (129..160 /
-    161..192 as 128 + tail columns, flash_bwd_hopper's TAIL_DIM). Varlen, softcap_scale and alibi_slopes as
-    flash_bwd_hopper.hopper_backward."""
+    161..192 as 128 + tail columns, flash_bwd_hopper's TAIL_DIM). Varlen, softcap_scale, alibi_slopes, dropout_p and
+    rng_state as flash_bwd_hopper.hopper_backward."""
     varlen = None if cu_seqlens_q is None else (cu_seqlens_q.numel(), max_seqlen_q, max_seqlen_k)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dq.dtype, window_left,
-           window_right, bottom_right, softcap_scale > 0, alibi_slopes is not None, tail,
+           window_right, bottom_right, softcap_scale > 0, alibi_slopes is not None, dropout_p > 0, tail,
            tuple(DQ_CONFIGS[tail].items()), tuple(lse2.shape), varlen, launch_device())
     plan = _PLANS.get(key, lambda: _DqPlan(q, k, v, dout, dq, lse2, window_left, window_right, bottom_right, tail,
-                                           varlen, softcap_scale > 0, alibi_slopes is not None))
+                                           varlen, softcap_scale > 0, alibi_slopes is not None, dropout_p > 0))
     cu_q, cu_k = (lse2, lse2) if varlen is None else (cu_seqlens_q, cu_seqlens_k)
     alibi = (lse2, 0) if alibi_slopes is None else (alibi_slopes, alibi_batch_stride(alibi_slopes))
-    plan(dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, softcap_scale, alibi, cu_q, cu_k)
+    dropout = (lse2 if rng_state is None else rng_state, float(dropout_p))
+    plan(dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, softcap_scale, alibi, cu_q, cu_k, dropout)
 
 
 _PLANS = PlanCache()
@@ -442,7 +451,7 @@ class _DqPlan:
     """Grid, descriptor geometry and constexprs of one call signature (as flash_bwd_hopper._BackwardPlan)."""
 
     def __init__(self, q, k, v, dout, dq, lse2, window_left, window_right, bottom_right, tail, varlen, softcap=False,
-                 alibi=False):
+                 alibi=False, dropout=False):
         head_dim = q.shape[-1]
         kernel_dim = main_width(head_dim, tail)
         width = tail or kernel_dim
@@ -469,12 +478,12 @@ class _DqPlan:
         self.launch = Launch(
             _launch_dq, (cdiv(seqlen_q, block_m) * batch * nheads_q, ), self.descriptors,
             HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=softcap,
-            HAS_ALIBI=alibi, IS_VARLEN=varlen is not None, BLOCK_M=block_m,
+            HAS_ALIBI=alibi, HAS_DROPOUT=dropout, IS_VARLEN=varlen is not None, BLOCK_M=block_m,
             BLOCK_N=block_n, HEAD_DIM=kernel_dim, Q_SMEM=_smem_layout([block_m, kernel_dim], q.dtype),
             KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype),
             TAIL_DIM=tail, QT_SMEM=_smem_layout([block_m, width], q.dtype),
             KVT_SMEM=_smem_layout([block_n, width], q.dtype), **cfg)
 
-    def __call__(self, dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, softcap_scale, alibi, cu_q, cu_k):
+    def __call__(self, dout, q, k, v, lse2, delta, dq, qk_scale, sm_scale, softcap_scale, alibi, cu_q, cu_k, dropout):
         self.launch(q, k, v, dout, lse2, delta, q, k, v, dout, dq, *self.sizes, cu_q, cu_k, *self.shape, qk_scale,
-                    sm_scale, softcap_scale, *alibi, *self.windows)
+                    sm_scale, softcap_scale, *alibi, *dropout, *self.windows)

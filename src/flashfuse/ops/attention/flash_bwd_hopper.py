@@ -95,13 +95,15 @@ if gluon is not None:
     from .flash_bwd_dq_hopper import _alloc_vector_rows, _mask_rows, _probs_rows
     from .flash_bwd_hopper_loads import _bwd_producer
     from .flash_bwd_hopper_stores import _hand_off_dq, _store_dkdv, _store_dkdv_rows
-    from ._hopper_common import _alibi, _alibi_slope, _softcap, _softcap_grad, _softcap_slope
+    from ._hopper_common import (_alibi, _alibi_slope, _dropout_keep, _dropout_rng, _softcap, _softcap_grad,
+                                 _softcap_slope)
     from .flash_bwd_hopper_tiles import _key_block, _program, _step
 
     @gluon.jit
     def _bwd_consumer(descs, smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale, softcap_scale,
-                      alibi, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                      HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr,
+                      alibi, dropout, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                      HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_DROPOUT: gl.constexpr,
+                      IS_VARLEN: gl.constexpr,
                       FP32_GRADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                       NUM_STAGES: gl.constexpr, TAIL_DIM: gl.constexpr):
         """Eight warps (two warpgroups of BLOCK_N / 2 keys each): the schedule in the module docstring. The slot
@@ -131,8 +133,11 @@ if gluon is not None:
         cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)      # one value per query (column)
         window_left, window_right = windows
         alibi_row = 0
-        if HAS_ALIBI:       # the slopes' row: this program's batch entry (varlen: sequence)
+        if HAS_ALIBI or HAS_DROPOUT:       # the slopes' row: this program's batch entry (varlen: sequence)
             alibi_row = _program(seqlen_k, nheads_k, BLOCK_N)[1]
+        rng = (0, 0, 0, 0, 1.0)
+        if HAS_DROPOUT:         # (Philox key, offset, threshold, 1 / (1 - p)): dropout.py's mask
+            rng = _dropout_rng(dropout[0], dropout[1])
         b, q_start, k_start, seqlen_q, seqlen_k, i_hk, n0, off, m_first, n_steps, live, _ = _key_block(
             cu_seqlens, seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
             BLOCK_N)
@@ -194,7 +199,11 @@ if gluon is not None:
                 if HAS_LEFT:
                     visible = visible & (gl.expand_dims(keys, 1) >= gl.expand_dims(queries + off - window_left, 0))
                 pt = gl.where(visible, pt, 0.0)
-            pt_low = pt.to(dtype)
+            if HAS_DROPOUT:     # dV takes the kept P^T / (1 - p), dP^T's kept entries the same scale (below)
+                keep = _dropout_keep(rng, alibi_row * nheads_q + i_h, m0, n0, BLOCK_N, BLOCK_M, s_layout, True)
+                pt_low = gl.where(keep, pt * rng[4], 0.0).to(dtype)
+            else:
+                pt_low = pt.to(dtype)
             pt = _softcap_grad(pt, dtanh, HAS_SOFTCAP)      # (dS's factor; P^T itself is in pt_low)
             dv_tok = warpgroup_mma(gl.convert_layout(pt_low, op_layout), do, dv, is_async=True)
             if TAIL_DIM > 0:
@@ -202,6 +211,8 @@ if gluon is not None:
                                         is_async=True)
             dpt = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(dpt_tok, ))       # dV still running
             delta = delta_smem.index(slot).load(cols_layout)
+            if HAS_DROPOUT:
+                dpt = gl.where(keep, dpt * rng[4], 0.0)
             # dS^T with the softmax scale folded in (dK and dQ both carry it): scale * dP^T - scale * delta is an FMA.
             dst = (pt * (dpt * sm_scale - gl.expand_dims(delta * sm_scale, 0))).to(dtype)
             ds_smem.store(dst)
@@ -233,9 +244,9 @@ if gluon is not None:
 
     @gluon.jit
     def _bwd_consumer_rows(descs, smem, p_smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale,
-                           softcap_scale, alibi, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                           softcap_scale, alibi, dropout, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                            BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
-                           IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr,
+                           HAS_DROPOUT: gl.constexpr, IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            NUM_STAGES: gl.constexpr, DQ_PASS: gl.constexpr, TAIL_DIM: gl.constexpr):
         """Eight warps, scores in the row layout: with 128-row query steps (head dim 64) the transposed layout's
@@ -279,8 +290,11 @@ if gluon is not None:
         TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
         alibi_row = 0
-        if HAS_ALIBI:       # the slopes' row: this program's batch entry (varlen: sequence)
+        if HAS_ALIBI or HAS_DROPOUT:       # the slopes' row: this program's batch entry (varlen: sequence)
             alibi_row = _program(seqlen_k, nheads_k, BLOCK_N)[1]
+        rng = (0, 0, 0, 0, 1.0)
+        if HAS_DROPOUT:         # (Philox key, offset, threshold, 1 / (1 - p)): dropout.py's mask
+            rng = _dropout_rng(dropout[0], dropout[1])
         b, q_start, k_start, seqlen_q, seqlen_k, i_hk, n0, off, m_first, n_steps, live, _ = _key_block(
             cu_seqlens, seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
             BLOCK_N)
@@ -320,7 +334,11 @@ if gluon is not None:
                                    BLOCK_N, s_layout)
             p = _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, IS_VARLEN, BLOCK_M,
                            BLOCK_N, s_layout)
-            p_smem.store(p.to(dtype))
+            if HAS_DROPOUT:     # dV takes the kept P / (1 - p), dP's kept entries the same scale (below)
+                keep = _dropout_keep(rng, alibi_row * nheads_q + i_h, m0, n0, BLOCK_M, BLOCK_N, s_layout, False)
+                p_smem.store(gl.where(keep, p * rng[4], 0.0).to(dtype))
+            else:
+                p_smem.store(p.to(dtype))
             p = _softcap_grad(p, dtanh, HAS_SOFTCAP)        # (dS's factor; P itself is in p_smem)
             fence_async_shared()
             gl.thread_barrier()             # P's rows from both warpgroups are in p_smem
@@ -329,6 +347,8 @@ if gluon is not None:
                 dvt_tok = warpgroup_mma(p_smem.permute((1, 0)), smem[11].index(slot), dvt, is_async=True)
             dp = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(dp_tok, ))  # dV still running
             delta = delta_smem.index(slot).load(rows_layout)
+            if HAS_DROPOUT:
+                dp = gl.where(keep, dp * rng[4], 0.0)
             ds = (p * (dp * sm_scale - gl.expand_dims(delta * sm_scale, 1))).to(dtype)
             if not DQ_PASS:     # dQ_j = dS K from this warpgroup's own dS rows, before the barrier
                 ds_op = gl.convert_layout(ds, gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2))
@@ -364,9 +384,9 @@ if gluon is not None:
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_desc, dv_desc, qt_desc, kt_desc, vt_desc,
         dot_desc, dqt_desc, p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim, p_cu_seqlens_q,
         p_cu_seqlens_k,
-        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, softcap_scale, p_alibi, stride_alibi_b, window_left,
-        window_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-        HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr,
+        nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, softcap_scale, p_alibi, stride_alibi_b, p_rng,
+        dropout_p, window_left, window_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+        HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_DROPOUT: gl.constexpr, IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
         SCORES_T: gl.constexpr, DQ_PASS: gl.constexpr,
         Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr,
@@ -427,6 +447,7 @@ if gluon is not None:
         windows = (window_left, window_right)
         cu_seqlens = (p_cu_seqlens_q, p_cu_seqlens_k)
         alibi = (p_alibi, stride_alibi_b)
+        dropout = (p_rng, dropout_p)
         if SCORES_T:
             ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], DS_SMEM)
             smem = (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
@@ -439,8 +460,8 @@ if gluon is not None:
                                gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, TAIL_DIM], DQT_SMEM))
             gl.warp_specialize([
                 (_bwd_consumer, (descs, smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale,
-                                 softcap_scale, alibi, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-                                 IS_VARLEN, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM)),
+                                 softcap_scale, alibi, dropout, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP,
+                                 HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM)),
                 (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
                                  IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill)),
             ], [1], [24])
@@ -456,8 +477,8 @@ if gluon is not None:
                                gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, TAIL_DIM], QT_SMEM))
             gl.warp_specialize([
                 (_bwd_consumer_rows, (descs, smem, p_smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale,
-                                      sm_scale, softcap_scale, alibi, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP,
-                                      HAS_ALIBI, IS_VARLEN, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                                      sm_scale, softcap_scale, alibi, dropout, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                       DQ_PASS, TAIL_DIM)),
                 (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
                                  IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill)),
@@ -468,23 +489,25 @@ if gluon is not None:
 
 def hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, *, qk_scale, sm_scale, window_right,
                     bottom_right, config, window_left=-1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
-                    max_seqlen_k=0, softcap_scale=0.0, alibi_slopes=None):
+                    max_seqlen_k=0, softcap_scale=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None):
     """Launch on validated inputs: q, k, v, dout [batch, seqlen, heads, head dim] (varlen: packed [total, heads,
     head dim] with int32 cu_seqlens_q / _k and the longest lengths) 16-bit with 16-byte aligned strides; lse2, delta
     from flash_bwd_preprocess.hopper_backward_inputs with rows_block=vector_block(config) (the descriptors take their
     rows as given); dq_acc zeroed fp32 shaped like q; dk, dv contiguous, shaped like k, v: k's dtype, or fp32 (then
     stored from registers without rounding). Through the plan kept for this call signature (_BackwardPlan).
     softcap_scale > 0: scores qk_scale * tanh(softcap_scale * Q K^T); alibi_slopes: ALiBi (both as
-    flash_fwd_hopper.hopper_forward's)."""
+    flash_fwd_hopper.hopper_forward's); dropout_p > 0: rng_state, the forward's (dropout.py's mask regenerated)."""
     varlen = None if cu_seqlens_q is None else (cu_seqlens_q.numel(), max_seqlen_q, max_seqlen_k)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype, dk.dtype, window_left,
-           window_right, bottom_right, softcap_scale > 0, alibi_slopes is not None, tuple(config.items()),
-           tuple(lse2.shape), varlen, launch_device())
+           window_right, bottom_right, softcap_scale > 0, alibi_slopes is not None, dropout_p > 0,
+           tuple(config.items()), tuple(lse2.shape), varlen, launch_device())
     plan = _PLANS.get(key, lambda: _BackwardPlan(q, k, v, dout, dk, lse2, window_left, window_right, bottom_right,
-                                                 config, varlen, softcap_scale > 0, alibi_slopes is not None))
+                                                 config, varlen, softcap_scale > 0, alibi_slopes is not None,
+                                                 dropout_p > 0))
     cu_q, cu_k = (lse2, lse2) if varlen is None else (cu_seqlens_q, cu_seqlens_k)
     alibi = (lse2, 0) if alibi_slopes is None else (alibi_slopes, alibi_batch_stride(alibi_slopes))
-    plan(dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale, softcap_scale, alibi, cu_q, cu_k)
+    dropout = (lse2 if rng_state is None else rng_state, float(dropout_p))
+    plan(dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale, softcap_scale, alibi, cu_q, cu_k, dropout)
 
 
 _PLANS = PlanCache()
@@ -495,7 +518,7 @@ class _BackwardPlan:
     kernel), as flash_fwd_hopper._ForwardPlan: a repeated call builds its 13 descriptors and launches."""
 
     def __init__(self, q, k, v, dout, dk, lse2, window_left, window_right, bottom_right, config, varlen,
-                 softcap=False, alibi=False):
+                 softcap=False, alibi=False, dropout=False):
         head_dim = q.shape[-1]
         cfg = dict(config)
         tail = cfg["TAIL_DIM"]          # 65..96 and 129..192: 64 / 128 columns, then a tail box (forward_head_dim)
@@ -527,7 +550,7 @@ class _BackwardPlan:
         self.launch = Launch(
             _launch_backward, (cdiv(seqlen_k, block_n) * batch * nheads_k, ), self.descriptors,
             HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=softcap,
-            HAS_ALIBI=alibi, IS_VARLEN=varlen is not None, FP32_GRADS=dk.dtype == torch.float32,
+            HAS_ALIBI=alibi, HAS_DROPOUT=dropout, IS_VARLEN=varlen is not None, FP32_GRADS=dk.dtype == torch.float32,
             BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=kernel_dim, Q_SMEM=_smem_layout([block_m, kernel_dim], q.dtype),
             KV_SMEM=_smem_layout([block_n, kernel_dim], q.dtype),
             DS_SMEM=_smem_layout([block_n, block_m] if cfg["SCORES_T"] else [block_m, block_n], q.dtype),
@@ -536,14 +559,14 @@ class _BackwardPlan:
             DQT_SMEM=_smem_layout([block_m, width], torch.float32), **cfg)
 
     def __call__(self, dout, q, k, v, lse2, delta, dq_acc, dk, dv, qk_scale, sm_scale, softcap_scale, alibi, cu_q,
-                 cu_k):
+                 cu_k, dropout):
         self.launch(q, k, v, dout, lse2, delta, dq_acc, dk, dv, q, k, v, dout, dq_acc, dk, dv, *self.sizes, cu_q, cu_k,
-                    *self.shape, qk_scale, sm_scale, softcap_scale, *alibi, *self.windows)
+                    *self.shape, qk_scale, sm_scale, softcap_scale, *alibi, *dropout, *self.windows)
 
 
 def gluon_backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, window_right, bottom_right, fp32_grads,
                    config, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, softcap=0.0,
-                   alibi_slopes=None):
+                   alibi_slopes=None, dropout_p=0.0, rng_state=None):
     """flash_bwd's entry to this file's kernel (config: hopper_backward_config's, for inputs flash_bwd._hopper_plan
     admitted): it adds dQ (scaled) into the fp32 buffer, cast to dq's dtype after; or, DQ_PASS (head dims 129..256),
     it computes dK and dV and flash_bwd_dq_hopper's pass writes dQ (with the same TAIL_DIM). Varlen: packed (total,
@@ -556,7 +579,8 @@ def gluon_backward(dout, q, k, v, out, lse, *, softmax_scale, window_left, windo
     dk, dv = (empty_packed(t.shape, grad_dtype, t.device, cu_seqlens_k) for t in (k, v))
     qk_scale, softcap_scale = score_scales(softmax_scale, softcap)
     scales = dict(qk_scale=qk_scale, sm_scale=softmax_scale, softcap_scale=softcap_scale, alibi_slopes=alibi_slopes,
-                  window_right=window_right, bottom_right=bottom_right, window_left=window_left)
+                  window_right=window_right, bottom_right=bottom_right, window_left=window_left, dropout_p=dropout_p,
+                  rng_state=rng_state)
     hopper_backward(dout, q, k, v, lse2, delta, dq_acc, dk, dv, config=config, **scales, **varlen)
     if config["DQ_PASS"]:
         dq = empty_packed(q.shape, torch.float32 if fp32_grads else q.dtype, q.device, cu_seqlens_q)

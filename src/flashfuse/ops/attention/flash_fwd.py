@@ -475,8 +475,9 @@ def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softca
                        dropout_p, is_varlen, nheads_q, batch=0, max_seqlen_q=0, max_seqlen_k=0, softmax_scale=1.0):
     """The fast kernel's config for this call, or None: the features it leaves out go to the kernel above. Varlen
     (batch sequences of at most max_seqlen_q / k), softcap and ALiBi only on the Gluon kernel, O stored from registers
-    there for varlen; ALiBi with softmax_scale 0 not there either (its slope is divided by the scale)."""
-    if not FAST_FORWARD or attn_bias is not None or dropout_p > 0.0:
+    there for varlen; ALiBi with softmax_scale 0 not there either (its slope is divided by the scale); dropout only on
+    the Gluon kernel."""
+    if not FAST_FORWARD or attn_bias is not None:
         return None
     if alibi_slopes is not None and softmax_scale == 0.0:
         return None
@@ -501,7 +502,7 @@ def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softca
                                                      programs, num_sms, window_left >= 0)   # positional: tests patch it
         if cfg is not None:
             return dict(cfg, GLUON=True)
-    if window_left >= 0 or softcap > 0.0 or alibi_slopes is not None:     # the Gluon kernel's alone
+    if window_left >= 0 or softcap > 0.0 or alibi_slopes is not None or dropout_p > 0.0:   # the Gluon kernel's alone
         return None
     cfg = fast_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1], programs, num_sms)
     if cfg is not None and cfg["USE_TMA"] and not tma_ok:
@@ -582,7 +583,7 @@ def flash_attn_forward(q, k, v, *, softmax_scale: float, window_left: int = -1, 
             lse_strides=lse_strides, nheads_q=nheads_q, nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
             qk_scale=qk_scale, window_right=window_right, bottom_right=bottom_right, config=fast,
             window_left=window_left, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, softcap_scale=softcap_scale,
-            alibi_slopes=alibi_slopes)
+            alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng_state=rng_state)
     if fast is not None:
         if fast["USE_TMA"] and not INTERPRET:
             ensure_tma_allocator()

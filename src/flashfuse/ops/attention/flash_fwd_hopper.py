@@ -110,7 +110,7 @@ def _capability(index: int):
 
 
 if gluon is not None:
-    from ._hopper_common import _alibi_slope, _load_zeroed, _packed_end, _seq_bounds, _tma_box
+    from ._hopper_common import _alibi_slope, _dropout_rng, _dropped, _load_zeroed, _packed_end, _seq_bounds, _tma_box
     from .flash_fwd_hopper_tiles import _softmax_block, _ws_key_blocks, _ws_row_block, _ws_tiles
 
     _LOG2E = gl.constexpr(LOG2E)
@@ -224,9 +224,9 @@ if gluon is not None:
 
     @gluon.jit
     def _ws_consumer(descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens, window_left,
-                     window_right, qk_scale, softcap_scale, alibi, WG: gl.constexpr, HAS_LEFT: gl.constexpr,
+                     window_right, qk_scale, softcap_scale, alibi, dropout, WG: gl.constexpr, HAS_LEFT: gl.constexpr,
                      HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                     HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr, PAIRED: gl.constexpr,
+                     HAS_ALIBI: gl.constexpr, HAS_DROPOUT: gl.constexpr, IS_VARLEN: gl.constexpr, PAIRED: gl.constexpr,
                      CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      NUM_STAGES: gl.constexpr, Q_STAGES: gl.constexpr, SPLIT_PV_WAIT: gl.constexpr,
                      O_FROM_REGS: gl.constexpr, TAIL_DIM: gl.constexpr):
@@ -260,6 +260,9 @@ if gluon is not None:
         # lower warpgroup's half of a causal diagonal) are released unread. (At full-width blocks that happens only
         # at ragged offsets, and the bookkeeping cost 3-7% at hd64 causal: session 23.)
         SKIP_UNSEEN: gl.constexpr = HAS_RIGHT and BLOCK_N < BLOCK_M
+        rng = (0, 0, 0, 0, 1.0)
+        if HAS_DROPOUT:         # (Philox key, offset, threshold, 1 / (1 - p)): dropout.py's mask
+            rng = _dropout_rng(dropout[0], dropout[1])
         c = 0
         it = 0
         for k in range(_ws_tiles(n_units, PAIRED)):
@@ -306,7 +309,8 @@ if gluon is not None:
                                                     window_left, window_right, qk_scale, softcap_scale, alibi_slope,
                                                     HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, ROWS,
                                                     BLOCK_N, s_layout)
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
+                p_op = gl.convert_layout(_dropped(p, rng, i_bh, row0, j0 * BLOCK_N, s_layout, HAS_DROPOUT).to(dtype),
+                                         p_layout)
                 for j in range(1, n_mine):
                     slot = (c + j) % NUM_STAGES
                     prev = (c + j - 1) % NUM_STAGES
@@ -336,7 +340,8 @@ if gluon is not None:
                         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p_op))
                     mbarrier.arrive(v_empty.index(prev), count=1)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-                    p_op = gl.convert_layout(p.to(dtype), p_layout)
+                    p_op = gl.convert_layout(
+                        _dropped(p, rng, i_bh, row0, (j0 + j) * BLOCK_N, s_layout, HAS_DROPOUT).to(dtype), p_layout)
                 mbarrier.arrive(q_empty.index(q_slot), count=1)      # every Q K^T of this tile is done
                 last = c + n_mine - 1
                 mbarrier.wait(v_ready.index(last % NUM_STAGES), (last // NUM_STAGES) & 1)
@@ -357,7 +362,10 @@ if gluon is not None:
                 rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
                 gl.store(p_lse + i_b.to(gl.int64) * stride_lse_b + i_h.to(gl.int64) * stride_lse_h + q_start + rows,
                          lse, mask=rows < seqlen_q)
-                out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
+                inv_l = 1.0 / l_safe
+                if HAS_DROPOUT:         # the kept probabilities scaled by 1 / (1 - p) (lse is the softmax's own)
+                    inv_l = inv_l * rng[4]
+                out = acc * gl.expand_dims(gl.convert_layout(inv_l, o_rows), 1)
                 if O_FROM_REGS:
                     _store_o_regs(out, o_out, i_b, i_h, q_start, row0, seqlen_q, 0, o_layout)
                 else:
@@ -369,7 +377,7 @@ if gluon is not None:
                     # rows past seqlen_q dropped (not varlen: there they are the next sequence's)
                     tma.async_copy_shared_to_global(o_desc, [i_b, row0, i_h, 0], _tma_box(o_buf, o_desc))
                 if TAIL_DIM > 0:          # columns HEAD_DIM.. from the tail's accumulator
-                    out_t = acc_t * gl.expand_dims(gl.convert_layout(1.0 / l_safe, ot_rows), 1)
+                    out_t = acc_t * gl.expand_dims(gl.convert_layout(inv_l, ot_rows), 1)
                     _store_o_regs(out_t, o_out, i_b, i_h, q_start, row0, seqlen_q, HEAD_DIM, ot_layout)
                 if SKIP_UNSEEN:
                     for j in range(n_mine, n_blocks):
@@ -388,9 +396,9 @@ if gluon is not None:
     def _flash_fwd_hopper_kernel(
         q_desc, k_desc, v_desc, o_desc, qt_desc, kt_desc, vt_desc, p_lse, stride_lse_b, stride_lse_h, p_out, stride_o_b,
         stride_o_s, stride_o_h, head_dim, p_cu_seqlens_q, p_cu_seqlens_k, nheads_q, group, seqlen_q, seqlen_k, qk_scale,
-        softcap_scale, p_alibi, stride_alibi_b, window_left, window_right, n_units,
+        softcap_scale, p_alibi, stride_alibi_b, p_rng, dropout_p, window_left, window_right, n_units,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-        HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr,
+        HAS_ALIBI: gl.constexpr, HAS_DROPOUT: gl.constexpr, IS_VARLEN: gl.constexpr,
         PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
         Q_STAGES: gl.constexpr, Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr,
@@ -452,15 +460,16 @@ if gluon is not None:
         o_out = (p_out, stride_o_b, stride_o_s, stride_o_h, head_dim)
         cu_seqlens = (p_cu_seqlens_q, p_cu_seqlens_k)
         alibi = (p_alibi, stride_alibi_b)
+        dropout = (p_rng, dropout_p)
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
-                                window_left, window_right, qk_scale, softcap_scale, alibi, 0, HAS_LEFT,
-                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
+                                window_left, window_right, qk_scale, softcap_scale, alibi, dropout, 0, HAS_LEFT,
+                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
-                                window_left, window_right, qk_scale, softcap_scale, alibi, 1, HAS_LEFT,
-                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
+                                window_left, window_right, qk_scale, softcap_scale, alibi, dropout, 1, HAS_LEFT,
+                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
                 (_ws_producer, (descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT, HAS_RIGHT,
                                 BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
@@ -469,16 +478,16 @@ if gluon is not None:
         else:
             gl.warp_specialize([
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
-                                window_left, window_right, qk_scale, softcap_scale, alibi, 0, HAS_LEFT,
-                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
+                                window_left, window_right, qk_scale, softcap_scale, alibi, dropout, 0, HAS_LEFT,
+                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
-                                window_left, window_right, qk_scale, softcap_scale, alibi, 1, HAS_LEFT,
-                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
+                                window_left, window_right, qk_scale, softcap_scale, alibi, dropout, 1, HAS_LEFT,
+                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
-                                window_left, window_right, qk_scale, softcap_scale, alibi, 2, HAS_LEFT,
-                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
+                                window_left, window_right, qk_scale, softcap_scale, alibi, dropout, 2, HAS_LEFT,
+                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
                 (_ws_producer, (descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT, HAS_RIGHT,
                                 BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
@@ -489,22 +498,25 @@ if gluon is not None:
 
 def hopper_forward(q, k, v, out, lse, *, q_strides, k_strides, v_strides, o_strides, lse_strides, nheads_q,
                    nheads_k, seqlen_q, seqlen_k, qk_scale, window_right, bottom_right, config, window_left=-1,
-                   cu_seqlens_q=None, cu_seqlens_k=None, softcap_scale=0.0, alibi_slopes=None):
+                   cu_seqlens_q=None, cu_seqlens_k=None, softcap_scale=0.0, alibi_slopes=None, dropout_p=0.0,
+                   rng_state=None):
     """Launch on validated inputs (flash_fwd's fast-path checks, TMA alignment included) through the plan kept for
     this call signature (_ForwardPlan). Varlen (cu_seqlens_q / k, int32): q / k / v / out (total, heads, head_dim),
     seqlen_q / k the max_seqlen arguments, lse (heads, total_q); the config must store O from registers (rows past a
     sequence's end are the next sequence's: no TMA store may cover them). softcap_scale > 0: scores
     qk_scale * tanh(softcap_scale * Q K^T) (flash_fwd's kernel_options: softmax_scale / softcap, and qk_scale then
-    softcap * log2(e)). alibi_slopes: fp32 (nheads_q,) or (batch, nheads_q), contiguous."""
+    softcap * log2(e)). alibi_slopes: fp32 (nheads_q,) or (batch, nheads_q), contiguous. dropout_p > 0: rng_state
+    int64 (seed, offset), dropout.py's mask on P (_hopper_common._dropout_keep)."""
     key = (q.shape, k.shape, q_strides, k_strides, v_strides, o_strides, lse_strides, q.dtype, window_left,
-           window_right, bottom_right, softcap_scale > 0, alibi_slopes is not None, tuple(config.items()),
+           window_right, bottom_right, softcap_scale > 0, alibi_slopes is not None, dropout_p > 0,
+           tuple(config.items()),
            launch_device(), sm_count(q.device),
            None if cu_seqlens_q is None else (cu_seqlens_q.numel(), seqlen_q, seqlen_k))
     plan = _PLANS.get(key, lambda: _ForwardPlan(q, k, nheads_q, nheads_k, seqlen_q, seqlen_k, q_strides, k_strides,
                                                  v_strides, o_strides, lse_strides, window_left, window_right,
                                                  bottom_right, config, cu_seqlens_q, softcap_scale > 0,
-                                                 alibi_slopes is not None))
-    plan(q, k, v, out, lse, qk_scale, softcap_scale, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+                                                 alibi_slopes is not None, dropout_p > 0))
+    plan(q, k, v, out, lse, qk_scale, softcap_scale, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_p, rng_state)
     return out, lse
 
 
@@ -518,7 +530,7 @@ class _ForwardPlan:
 
     def __init__(self, q, k, nheads_q, nheads_k, seqlen_q, seqlen_k, q_strides, k_strides, v_strides, o_strides,
                  lse_strides, window_left, window_right, bottom_right, config, cu_seqlens_q=None, softcap=False,
-                 alibi=False):
+                 alibi=False, dropout=False):
         head_dim, batch = q.shape[-1], q.shape[0]
         is_varlen = cu_seqlens_q is not None
         # Varlen: the descriptors see the packed tensors as one batch entry [1, total, heads, head_dim] (the unit
@@ -559,7 +571,8 @@ class _ForwardPlan:
         self.window = (window_left, window_right, n_units)
         self.launch = Launch(_launch_forward, grid, self.descriptors, HAS_LEFT=window_left >= 0,
                              HAS_RIGHT=window_right >= 0,
-                             BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=softcap, HAS_ALIBI=alibi, IS_VARLEN=is_varlen,
+                             BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=softcap, HAS_ALIBI=alibi, HAS_DROPOUT=dropout,
+                             IS_VARLEN=is_varlen,
                              PAIRED=paired, BLOCK_M=block_m,
                              BLOCK_N=block_n,
                              HEAD_DIM=kernel_dim,
@@ -569,8 +582,9 @@ class _ForwardPlan:
                              KVT_SMEM=_smem_layout([block_n, tail or kernel_dim], q.dtype), **cfg)
 
     def __call__(self, q, k, v, out, lse, qk_scale, softcap_scale=0.0, cu_seqlens_q=None, cu_seqlens_k=None,
-                 alibi_slopes=None):
+                 alibi_slopes=None, dropout_p=0.0, rng_state=None):
         cu_q, cu_k = (lse, lse) if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k)
         alibi = (lse, 0) if alibi_slopes is None else (alibi_slopes, alibi_batch_stride(alibi_slopes))
         self.launch(q, k, v, out, q, k, v, lse, *self.lse_strides, out, *self.o_args, cu_q, cu_k, *self.sizes,
-                    qk_scale, softcap_scale, *alibi, *self.window)
+                    qk_scale, softcap_scale, *alibi, lse if rng_state is None else rng_state, float(dropout_p),
+                    *self.window)
