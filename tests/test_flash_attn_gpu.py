@@ -80,10 +80,10 @@ def test_flash_attn_func_gpu(dtype, headdim, seqlens, heads, opts):
 
 
 def test_gpu_cases_cover_the_grid():
-    """The table above covers every head dim (with both dtypes), every shape and every option."""
+    """The table above covers every head dim (with both dtypes), every shape of the issue (and more) and every option."""
     assert {c[1] for c in GPU_CASES} == {32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256}
     assert all({c[0] for c in GPU_CASES if c[1] == d} == {F16, BF16} for d in {c[1] for c in GPU_CASES})
-    assert {c[2] for c in GPU_CASES} == {(113, 203), (108, 256), (256, 512), (512, 256), (1023, 1024),
+    assert {c[2] for c in GPU_CASES} >= {(113, 203), (108, 256), (256, 512), (512, 256), (1023, 1024),
                                          (1024, 1023), (2048, 2048)}
     assert {c[3] for c in GPU_CASES} == {MHA, GQA, MQA}
     for option in ("causal", "window_size", "softcap", "alibi"):
@@ -190,13 +190,13 @@ def test_dropout_takes_gluon_gpu(monkeypatch):
     for module, name in ((flash_fwd_hopper, "hopper_forward"), (flash_bwd_hopper, "gluon_backward")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **kw: calls.append(_n) or _f(*a, **kw))
-    q, k, v = rand_qkv(2, 1024, 1024, 4, 2, 128, dtype=BF16, device="cuda")
+    q, k, v = rand_qkv(4, 2048, 2048, 16, 8, 128, dtype=BF16, device="cuda")
     torch.manual_seed(5)
     out = flash_attn_func(q, k, v, dropout_p=0.2, causal=True)
-    mask = dropout_mask_for(5, "cuda", 2, 4, 1024, 1024, 0.2)
+    mask = dropout_mask_for(5, "cuda", 4, 16, 2048, 2048, 0.2)
     check_attention(partial(flash_ref, dropout_p=0.2, dropout_mask=mask, causal=True), {"q": q, "k": k, "v": v},
                     out, ref_dtype=REF)
-    assert calls == ["hopper_forward", "gluon_backward"], calls
+    assert "hopper_forward" in calls and "gluon_backward" in calls, calls
 
 
 def test_flash_attn_deterministic_gpu():

@@ -496,8 +496,10 @@ def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softca
     num_sms = 132 if INTERPRET else sm_count(q.device)
     programs = q.shape[0] * nheads_q
     tma_ok = tma_compatible(q, k, v, out)
+    # (dropout at head dims up to 64: the Gluon kernel, softmax-bound there, ran 0.71-0.93x the Triton kernels with
+    # their Philox draws; session 50)
     if (GLUON_FORWARD and tma_ok and flash_fwd_hopper.available(q.device)
-            and flash_fwd_hopper.descriptor_compatible(q, k, v, out)):
+            and flash_fwd_hopper.descriptor_compatible(q, k, v, out) and not (dropout_p > 0.0 and head_dim <= 64)):
         cfg = flash_fwd_hopper.hopper_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1],
                                                      programs, num_sms, window_left >= 0)   # positional: tests patch it
         if cfg is not None:
