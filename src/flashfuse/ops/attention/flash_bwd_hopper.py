@@ -49,7 +49,8 @@ with atomic dQ: 0.71-0.83x; the dQ pass split by queries 1.06-1.11x that, sessio
 
 dQ's summation order over key blocks varies run to run (reduce-adds), so deterministic=True keeps flash_bwd's grid,
 but at head dims above 128, where nothing is added across programs (DQ_PASS). Scope as flash_fwd_hopper: 16-bit
-inputs, head dims 33..256 (kernel_head_dim), no dropout / bias; GQA, both window sides (causal, sliding), varlen,
+inputs, head dims 33..256 (kernel_head_dim), no bias; dropout (HAS_DROPOUT, session 50: dV from the kept P^T / (1 - p),
+dP^T's kept entries scaled alike, the others 0; under it head dim 64 takes the transposed layout); GQA, both window sides (causal, sliding), varlen,
 softcap (HAS_SOFTCAP: S^T becomes t = tanh(S^T * scale / softcap), P^T = exp2(t * softcap * log2(e) - lse2), and dS^T
 takes the factor 1 - t^2, kept in fp16 beside P^T across the masks) and ALiBi (HAS_ALIBI: P^T's exponent minus
 slope * |query + off - key|, the slope per step's query head; dS unchanged) are in. Under either, head dim 64 takes

@@ -37,8 +37,9 @@ tiles round-robin (session 15: one program got twice another's work), the next t
 the last P V of this one (session 17: slower); session 29: half diagonal blocks for the upper warpgroup, one K / V
 release per block, O stored from registers (benchmarks/NOTES.md).
 
-Scope: the common case, as flash_fwd's fast kernel, plus sliding windows, varlen, softcap and ALiBi: 16-bit inputs, no
-dropout / bias; GQA, a right window (causal) and a left window are in (HAS_LEFT: a tile's key loop starts at the
+Scope: the common case, as flash_fwd's fast kernel, plus sliding windows, varlen, softcap, ALiBi and dropout (HAS_DROPOUT,
+session 50: P's dropped scores zeroed before P V by _hopper_common._dropout_keep, dropout.py's mask; O divided by
+l (1 - p)): 16-bit inputs, no bias; GQA, a right window (causal) and a left window are in (HAS_LEFT: a tile's key loop starts at the
 block its first row sees, and the blocks before the first key its last row sees get the left mask; session 37).
 Softcap (HAS_SOFTCAP, session 48): each score block becomes tanh(S * scale / softcap) by tanh.approx (one MUFU
 instruction, as flash-attn's CUDA kernels), the softmax's log2 scale softcap * log2(e). ALiBi (HAS_ALIBI): minus
