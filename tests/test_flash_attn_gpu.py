@@ -80,7 +80,7 @@ def test_flash_attn_func_gpu(dtype, headdim, seqlens, heads, opts):
 
 
 def test_gpu_cases_cover_the_grid():
-    """The table above covers every head dim (with both dtypes), every shape of the issue (and more) and every option."""
+    """The table above covers every head dim (with both dtypes), every shape of the issue (and more), every option."""
     assert {c[1] for c in GPU_CASES} == {32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256}
     assert all({c[0] for c in GPU_CASES if c[1] == d} == {F16, BF16} for d in {c[1] for c in GPU_CASES})
     assert {c[2] for c in GPU_CASES} >= {(113, 203), (108, 256), (256, 512), (512, 256), (1023, 1024),

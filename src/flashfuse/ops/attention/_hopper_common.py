@@ -52,7 +52,8 @@ if gluon is not None:
     @gluon.jit
     def _dropout_rng(p_rng, dropout_p):
         """(key low, key high, offset, threshold, scale) of dropout.py's mask from rng_state = (seed, offset) int64 at
-        p_rng: Philox's key is the seed's two 32-bit halves, threshold dropout.dropout_threshold's, scale 1 / (1 - p)."""
+        p_rng: Philox's key is the seed's two 32-bit halves, threshold dropout.dropout_threshold's, scale
+        1 / (1 - p)."""
         seed = gl.load(p_rng)
         threshold = gl.minimum((dropout_p * 65536.0 + 0.5).to(gl.int32), 65535).to(gl.uint32)
         return ((seed & 0xFFFFFFFF).to(gl.uint32), (seed >> 32).to(gl.uint32), gl.load(p_rng + 1).to(gl.uint32),
@@ -144,11 +145,11 @@ if gluon is not None:
         return gl.convert_layout(_from_groups(keep, R, C, TRANSPOSED), layout, assert_trivial=True)
 
     @gluon.jit
-    def _dropped(p, rng, bh, q0, k0, layout: gl.constexpr, HAS_DROPOUT: gl.constexpr, TRANSPOSED: gl.constexpr = False):
-        """HAS_DROPOUT: p [R, C] (layout) with the scores that dropout.py's mask drops set to 0 (_dropout_keep's
-        arguments), else p."""
+    def _dropped(p, rng, bh, q0, k0, layout: gl.constexpr, HAS_DROPOUT: gl.constexpr):
+        """HAS_DROPOUT: the forward's p [R queries, C keys] (layout) with the scores that dropout.py's mask drops set to
+        0 (_dropout_keep's arguments), else p."""
         if HAS_DROPOUT:
-            p = gl.where(_dropout_keep(rng, bh, q0, k0, p.shape[0], p.shape[1], layout, TRANSPOSED), p, 0.0)
+            p = gl.where(_dropout_keep(rng, bh, q0, k0, p.shape[0], p.shape[1], layout, False), p, 0.0)
         return p
 
     @gluon.jit

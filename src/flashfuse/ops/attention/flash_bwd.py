@@ -20,8 +20,8 @@ is the price of determinism and of no fp32 dQ buffer.
 
 On Hopper, ``deterministic=False`` (flash-attn's default) takes flash_bwd_hopper's Gluon kernel instead where
 it applies (``_hopper_plan``: 16-bit, head dims 33..256 (computed at 64 / 128, 128 + 32 / 64, 256), no
-bias; softcap, ALiBi, dropout, windows on either side and varlen are in): FlashAttention-3's layout, 5 products, dQ by TMA
-reduce-adds into an fp32 buffer; above 128 dK / dV there and dQ in a pass of its own (flash_bwd_dq_hopper: 7
+bias; softcap, ALiBi, dropout, windows on either side and varlen are in): FlashAttention-3's layout, 5 products, dQ by
+TMA reduce-adds into an fp32 buffer; above 128 dK / dV there and dQ in a pass of its own (flash_bwd_dq_hopper: 7
 products, nothing added across programs, so deterministic=True takes it too).
 
 The atomic path (``deterministic=False`` with ``ATOMIC_DQ`` on, FA2/FA3's layout) launches the same kernel

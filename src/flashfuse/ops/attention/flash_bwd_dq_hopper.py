@@ -236,9 +236,9 @@ if gluon is not None:
                                                              instr_shape=[16, max(TAIL_DIM, 8), 16])
         TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
-        alibi_row = 0
-        if HAS_ALIBI or HAS_DROPOUT:    # the slopes' row: this program's batch entry (varlen: sequence), as _query_block's
-            alibi_row = gl.program_id(0) // gl.cdiv(seqlen_q, BLOCK_M) // nheads_q
+        batch_entry = 0
+        if HAS_ALIBI or HAS_DROPOUT:    # this program's batch entry (varlen: sequence), as _query_block's
+            batch_entry = gl.program_id(0) // gl.cdiv(seqlen_q, BLOCK_M) // nheads_q
         rng = (0, 0, 0, 0, 1.0)
         if HAS_DROPOUT:         # (Philox key, offset, threshold, 1 / (1 - p)): dropout.py's mask
             rng = _dropout_rng(dropout[0], dropout[1])
@@ -256,7 +256,7 @@ if gluon is not None:
         delta_scaled = delta_smem.load(rows_layout) * sm_scale
         alibi_slope, alibi_q = 0.0, lse2            # (unused without ALiBi)
         if HAS_ALIBI:       # this program's query head's slope (in raw score units), its queries' indices from m0
-            alibi_slope = _alibi_slope(alibi, alibi_row, i_h, qk_scale)
+            alibi_slope = _alibi_slope(alibi, batch_entry, i_h, qk_scale)
             alibi_q = gl.arange(0, BLOCK_M, layout=rows_layout).to(gl.float32)
         for j in range(n_blocks):
             slot = j % NUM_STAGES
@@ -285,8 +285,8 @@ if gluon is not None:
                 gl.thread_barrier()         # both warpgroups' dP is done: V's slot is free
                 mbarrier.arrive(v_empty.index(v_slot), count=1)
             if HAS_DROPOUT:     # dP's kept entries / (1 - p), the others 0
-                dp = gl.where(_dropout_keep(rng, alibi_row * nheads_q + i_h, m0, n0, BLOCK_M, BLOCK_N, s_layout, False),
-                              dp * rng[4], 0.0)
+                keep = _dropout_keep(rng, batch_entry * nheads_q + i_h, m0, n0, BLOCK_M, BLOCK_N, s_layout, False)
+                dp = gl.where(keep, dp * rng[4], 0.0)
             # dS with the softmax scale folded in: dQ needs no final scaling
             ds = (p * (dp * sm_scale - gl.expand_dims(delta_scaled, 1))).to(dtype)
             ds_a = gl.convert_layout(ds, gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2))
@@ -322,8 +322,9 @@ if gluon is not None:
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, qt_desc, kt_desc, vt_desc, dot_desc,
         p_dq, stride_dq_b, stride_dq_s, stride_dq_h, head_dim, p_cu_seqlens_q, p_cu_seqlens_k,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, softcap_scale, p_alibi, stride_alibi_b, p_rng,
-        dropout_p, window_left, window_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-        HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_DROPOUT: gl.constexpr, IS_VARLEN: gl.constexpr,
+        dropout_p, window_left, window_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+        BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_DROPOUT: gl.constexpr,
+        IS_VARLEN: gl.constexpr,
         BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, Q_SMEM: gl.constexpr,
         KV_SMEM: gl.constexpr, TAIL_DIM: gl.constexpr, QT_SMEM: gl.constexpr,
@@ -390,7 +391,8 @@ if gluon is not None:
         gl.warp_specialize([
             (_dq_consumer, (smem, bars, shape, cu_seqlens, dq_out, windows, qk_scale, sm_scale, softcap_scale,
                             (p_alibi, stride_alibi_b), (p_rng, dropout_p), HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, V_STAGES)),
+                            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                            TAIL_DIM, V_STAGES)),
             (_dq_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
                             IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill, V_STAGES)),
         ], [1], [PRODUCER_REGS])

@@ -50,7 +50,8 @@ with atomic dQ: 0.71-0.83x; the dQ pass split by queries 1.06-1.11x that, sessio
 dQ's summation order over key blocks varies run to run (reduce-adds), so deterministic=True keeps flash_bwd's grid,
 but at head dims above 128, where nothing is added across programs (DQ_PASS). Scope as flash_fwd_hopper: 16-bit
 inputs, head dims 33..256 (kernel_head_dim), no bias; dropout (HAS_DROPOUT, session 50: dV from the kept P^T / (1 - p),
-dP^T's kept entries scaled alike, the others 0; under it head dim 64 takes the transposed layout); GQA, both window sides (causal, sliding), varlen,
+dP^T's kept entries scaled alike, the others 0; under it head dim 64 takes the transposed layout); GQA, both window
+sides (causal, sliding), varlen,
 softcap (HAS_SOFTCAP: S^T becomes t = tanh(S^T * scale / softcap), P^T = exp2(t * softcap * log2(e) - lse2), and dS^T
 takes the factor 1 - t^2, kept in fp16 beside P^T across the masks) and ALiBi (HAS_ALIBI: P^T's exponent minus
 slope * |query + off - key|, the slope per step's query head; dS unchanged) are in. Under either, head dim 64 takes
@@ -133,9 +134,9 @@ if gluon is not None:
         TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
         cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)      # one value per query (column)
         window_left, window_right = windows
-        alibi_row = 0
-        if HAS_ALIBI or HAS_DROPOUT:       # the slopes' row: this program's batch entry (varlen: sequence)
-            alibi_row = _program(seqlen_k, nheads_k, BLOCK_N)[1]
+        batch_entry = 0
+        if HAS_ALIBI or HAS_DROPOUT:       # this program's batch entry (varlen: sequence): the slopes' row, the mask's
+            batch_entry = _program(seqlen_k, nheads_k, BLOCK_N)[1]
         rng = (0, 0, 0, 0, 1.0)
         if HAS_DROPOUT:         # (Philox key, offset, threshold, 1 / (1 - p)): dropout.py's mask
             rng = _dropout_rng(dropout[0], dropout[1])
@@ -160,7 +161,7 @@ if gluon is not None:
             q = q_smem.index(slot)
             do = do_smem.index(slot)
             if HAS_ALIBI:       # the step's query head's slope (in raw score units)
-                alibi_slope = _alibi_slope(alibi, alibi_row, i_h, qk_scale)
+                alibi_slope = _alibi_slope(alibi, batch_entry, i_h, qk_scale)
             mbarrier.wait(q_ready.index(slot), phase)
             st_tok = warpgroup_mma(k_smem, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             if TAIL_DIM > 0:
@@ -201,7 +202,7 @@ if gluon is not None:
                     visible = visible & (gl.expand_dims(keys, 1) >= gl.expand_dims(queries + off - window_left, 0))
                 pt = gl.where(visible, pt, 0.0)
             if HAS_DROPOUT:     # dV takes the kept P^T / (1 - p), dP^T's kept entries the same scale (below)
-                keep = _dropout_keep(rng, alibi_row * nheads_q + i_h, m0, n0, BLOCK_N, BLOCK_M, s_layout, True)
+                keep = _dropout_keep(rng, batch_entry * nheads_q + i_h, m0, n0, BLOCK_N, BLOCK_M, s_layout, True)
                 pt_low = gl.where(keep, pt * rng[4], 0.0).to(dtype)
             else:
                 pt_low = pt.to(dtype)
@@ -290,9 +291,9 @@ if gluon is not None:
                                                              instr_shape=[16, max(TAIL_DIM // 2, 8), 16])
         TAIL_MMAS: gl.constexpr = 1 if TAIL_DIM > 0 else 0       # each product's second wgmma group (the tail's)
         rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)      # one value per query (row)
-        alibi_row = 0
-        if HAS_ALIBI or HAS_DROPOUT:       # the slopes' row: this program's batch entry (varlen: sequence)
-            alibi_row = _program(seqlen_k, nheads_k, BLOCK_N)[1]
+        batch_entry = 0
+        if HAS_ALIBI or HAS_DROPOUT:       # this program's batch entry (varlen: sequence): the slopes' row, the mask's
+            batch_entry = _program(seqlen_k, nheads_k, BLOCK_N)[1]
         rng = (0, 0, 0, 0, 1.0)
         if HAS_DROPOUT:         # (Philox key, offset, threshold, 1 / (1 - p)): dropout.py's mask
             rng = _dropout_rng(dropout[0], dropout[1])
@@ -316,7 +317,7 @@ if gluon is not None:
             do = do_smem.index(slot)
             alibi_slope = 0.0
             if HAS_ALIBI:       # the step's query head's slope (in raw score units)
-                alibi_slope = _alibi_slope(alibi, alibi_row, i_h, qk_scale)
+                alibi_slope = _alibi_slope(alibi, batch_entry, i_h, qk_scale)
             mbarrier.wait(q_ready.index(slot), phase)
             s_tok = warpgroup_mma(q, k_smem.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             if TAIL_DIM > 0:
@@ -336,7 +337,7 @@ if gluon is not None:
             p = _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, IS_VARLEN, BLOCK_M,
                            BLOCK_N, s_layout)
             if HAS_DROPOUT:     # dV takes the kept P / (1 - p), dP's kept entries the same scale (below)
-                keep = _dropout_keep(rng, alibi_row * nheads_q + i_h, m0, n0, BLOCK_M, BLOCK_N, s_layout, False)
+                keep = _dropout_keep(rng, batch_entry * nheads_q + i_h, m0, n0, BLOCK_M, BLOCK_N, s_layout, False)
                 p_smem.store(gl.where(keep, p * rng[4], 0.0).to(dtype))
             else:
                 p_smem.store(p.to(dtype))
@@ -386,8 +387,9 @@ if gluon is not None:
         dot_desc, dqt_desc, p_dk, p_dv, stride_dkv_b, stride_dkv_s, stride_dkv_h, head_dim, p_cu_seqlens_q,
         p_cu_seqlens_k,
         nheads_q, nheads_k, seqlen_q, seqlen_k, qk_scale, sm_scale, softcap_scale, p_alibi, stride_alibi_b, p_rng,
-        dropout_p, window_left, window_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-        HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_DROPOUT: gl.constexpr, IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr,
+        dropout_p, window_left, window_right, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+        BOTTOM_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_DROPOUT: gl.constexpr,
+        IS_VARLEN: gl.constexpr, FP32_GRADS: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
         SCORES_T: gl.constexpr, DQ_PASS: gl.constexpr,
         Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, DS_SMEM: gl.constexpr, DQ_SMEM: gl.constexpr,
@@ -462,7 +464,8 @@ if gluon is not None:
             gl.warp_specialize([
                 (_bwd_consumer, (descs, smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale, sm_scale,
                                  softcap_scale, alibi, dropout, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP,
-                                 HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM)),
+                                 HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                                 TAIL_DIM)),
                 (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
                                  IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill)),
             ], [1], [24])
@@ -479,8 +482,8 @@ if gluon is not None:
             gl.warp_specialize([
                 (_bwd_consumer_rows, (descs, smem, p_smem, bars, shape, cu_seqlens, fp32_out, windows, qk_scale,
                                       sm_scale, softcap_scale, alibi, dropout, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, FP32_GRADS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                      DQ_PASS, TAIL_DIM)),
+                                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, FP32_GRADS, BLOCK_M, BLOCK_N,
+                                      HEAD_DIM, NUM_STAGES, DQ_PASS, TAIL_DIM)),
                 (_bwd_producer, (descs, smem, bars, shape, cu_seqlens, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
                                  IS_VARLEN, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, TAIL_DIM, zfill)),
             ], [1], [24])

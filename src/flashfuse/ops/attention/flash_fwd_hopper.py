@@ -37,10 +37,11 @@ tiles round-robin (session 15: one program got twice another's work), the next t
 the last P V of this one (session 17: slower); session 29: half diagonal blocks for the upper warpgroup, one K / V
 release per block, O stored from registers (benchmarks/NOTES.md).
 
-Scope: the common case, as flash_fwd's fast kernel, plus sliding windows, varlen, softcap, ALiBi and dropout (HAS_DROPOUT,
-session 50: P's dropped scores zeroed before P V by _hopper_common._dropout_keep, dropout.py's mask; O divided by
-l (1 - p)): 16-bit inputs, no bias; GQA, a right window (causal) and a left window are in (HAS_LEFT: a tile's key loop starts at the
-block its first row sees, and the blocks before the first key its last row sees get the left mask; session 37).
+Scope: the common case, as flash_fwd's fast kernel, plus sliding windows, varlen, softcap, ALiBi and dropout
+(HAS_DROPOUT, session 50: P's dropped scores zeroed before P V by _hopper_common._dropout_keep, dropout.py's mask; O
+divided by l (1 - p)): 16-bit inputs, no bias; GQA, a right window (causal) and a left window are in (HAS_LEFT: a
+tile's key loop starts at the block its first row sees, and the blocks before the first key its last row sees get the
+left mask; session 37).
 Softcap (HAS_SOFTCAP, session 48): each score block becomes tanh(S * scale / softcap) by tanh.approx (one MUFU
 instruction, as flash-attn's CUDA kernels), the softmax's log2 scale softcap * log2(e). ALiBi (HAS_ALIBI): minus
 slope * |row + off - key| added to each scaled score (one subtract and one FMA a score, the row and key indices as fp32
@@ -466,12 +467,14 @@ if gluon is not None:
             gl.warp_specialize([
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
                                 window_left, window_right, qk_scale, softcap_scale, alibi, dropout, 0, HAS_LEFT,
-                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
-                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
+                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, PAIRED,
+                                CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT,
+                                O_FROM_REGS, TAIL_DIM)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
                                 window_left, window_right, qk_scale, softcap_scale, alibi, dropout, 1, HAS_LEFT,
-                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
-                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
+                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, PAIRED,
+                                CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT,
+                                O_FROM_REGS, TAIL_DIM)),
                 (_ws_producer, (descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT, HAS_RIGHT,
                                 BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                 Q_STAGES, TAIL_DIM)),
@@ -480,16 +483,19 @@ if gluon is not None:
             gl.warp_specialize([
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
                                 window_left, window_right, qk_scale, softcap_scale, alibi, dropout, 0, HAS_LEFT,
-                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
-                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
+                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, PAIRED,
+                                CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT,
+                                O_FROM_REGS, TAIL_DIM)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
                                 window_left, window_right, qk_scale, softcap_scale, alibi, dropout, 1, HAS_LEFT,
-                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
-                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
+                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, PAIRED,
+                                CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT,
+                                O_FROM_REGS, TAIL_DIM)),
                 (_ws_consumer, (descs, p_lse, stride_lse_b, stride_lse_h, o_out, smem, bars, shape, cu_seqlens,
                                 window_left, window_right, qk_scale, softcap_scale, alibi, dropout, 2, HAS_LEFT,
-                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M,
-                                BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT, O_FROM_REGS, TAIL_DIM)),
+                                HAS_RIGHT, BOTTOM_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, IS_VARLEN, PAIRED,
+                                CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, Q_STAGES, SPLIT_PV_WAIT,
+                                O_FROM_REGS, TAIL_DIM)),
                 (_ws_producer, (descs, smem, bars, shape, cu_seqlens, window_left, window_right, HAS_LEFT, HAS_RIGHT,
                                 BOTTOM_RIGHT, IS_VARLEN, PAIRED, CONSUMERS, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                 Q_STAGES, TAIL_DIM)),
