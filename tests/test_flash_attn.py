@@ -182,8 +182,8 @@ def test_dropout_mask_fraction(device, dropout_p):
     (3, 1, 2, 77, 131, 0.1), (5, 2, 1, 17, 40, 0.6), (9, 1, 3, 130, 33, 0.999999)])
 def test_dropout_mask_definition(device, seed, batch, nheads, seqlen_q, seqlen_k, dropout_p):
     """dropout_mask (the Triton kernels' per-score draw) is the definition in dropout.py's docstring, written in plain
-    PyTorch (reference_dropout_mask): same groups, counters, words, halves and threshold; dropout_p near 1 clamps to
-    2^16 - 1 (a score is kept iff its 16 bits are all ones)."""
+    PyTorch (reference_dropout_mask): same groups, counters, words, bytes and threshold; dropout_p near 1 clamps to
+    255 (a score is kept iff its 8 bits are all ones)."""
     from flashfuse.ops.attention.dropout import dropout_mask, new_rng_state, reference_dropout_mask
 
     torch.manual_seed(seed)
@@ -193,13 +193,15 @@ def test_dropout_mask_definition(device, seed, batch, nheads, seqlen_q, seqlen_k
 
 
 def test_dropout_mask_group_independence(device):
-    """The eight scores of a group come from one Philox call: neighbours within a group (j, j + 1), (j, j + 8) and
-    (i, i + 8) agree as often as independent draws would, p^2 + (1 - p)^2 (6 sigmas over ~64K pairs each)."""
+    """The sixteen scores of a group come from one Philox call: neighbours within a group (j, j + 1), (j, j + 8),
+    (i, i + 1) and (i, i + 8) agree as often as independent draws would, p^2 + (1 - p)^2 (6 sigmas over ~64K pairs
+    each)."""
     p = 0.4
     mask = dropout_mask_for(13, device, 2, 4, 256, 128, p).float()
     expected = p * p + (1 - p) * (1 - p)
     pairs = {"j, j+1": (mask[..., 0::2], mask[..., 1::2]),
              "j, j+8": (mask[..., (torch.arange(128) % 16) < 8], mask[..., (torch.arange(128) % 16) >= 8]),
+             "i, i+1": (mask[:, :, 0::2], mask[:, :, 1::2]),
              "i, i+8": (mask[:, :, (torch.arange(256) % 16) < 8], mask[:, :, (torch.arange(256) % 16) >= 8])}
     for name, (a, b) in pairs.items():
         agree, n = (a == b).float().mean().item(), a.numel()

@@ -8,6 +8,8 @@ import functools
 
 import torch
 
+from .dropout import PHILOX_ROUNDS
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -51,18 +53,18 @@ if gluon is not None:
 
     @gluon.jit
     def _dropout_rng(p_rng, dropout_p):
-        """(key low, key high, offset, threshold, scale) of dropout.py's mask from rng_state = (seed, offset) int64 at
-        p_rng: Philox's key is the seed's two 32-bit halves, threshold dropout.dropout_threshold's, scale
-        1 / (1 - p)."""
+        """(key low, key high, offset, threshold << 24, scale) of dropout.py's mask from rng_state = (seed, offset) int64
+        at p_rng: Philox's key is the seed's two 32-bit halves, threshold dropout.dropout_threshold's (shifted to the
+        top byte, where _dropout_keep compares), scale 1 / (1 - p)."""
         seed = gl.load(p_rng)
-        threshold = gl.minimum((dropout_p * 65536.0 + 0.5).to(gl.int32), 65535).to(gl.uint32)
+        threshold = gl.minimum((dropout_p * 256.0 + 0.5).to(gl.int32), 255).to(gl.uint32)
         return ((seed & 0xFFFFFFFF).to(gl.uint32), (seed >> 32).to(gl.uint32), gl.load(p_rng + 1).to(gl.uint32),
-                threshold, 1.0 / (1.0 - dropout_p))
+                threshold << 24, 1.0 / (1.0 - dropout_p))
 
     @gluon.jit
     def _philox(c0, c1, c2, c3, k0, k1):
-        """Philox4x32-10 on uint32 tensors, tl.philox's rounds (c: the counter, (k0, k1): the key)."""
-        for _ in gl.static_range(10):
+        """Philox4x32 on uint32 tensors, tl.philox's rounds (c: the counter, (k0, k1): the key), dropout.py's count."""
+        for _ in gl.static_range(PHILOX_ROUNDS):
             c0, c1, c2, c3 = (gl.umulhi(c2, gl.full_like(c2, 0xCD9E8D57)) ^ c1 ^ k0, c2 * 0xCD9E8D57,
                               gl.umulhi(c0, gl.full_like(c0, 0xD2511F53)) ^ c3 ^ k1, c0 * 0xD2511F53)
             k0 = k0 + 0x9E3779B9
@@ -71,27 +73,28 @@ if gluon is not None:
 
     @gluon.jit
     def _to_groups(x, TRANSPOSED: gl.constexpr):
-        """A [rows, cols] score tile (any layout whose threads hold dropout.py's groups, as wgmma's accumulators do)
-        seen as [groups, values]: rows = queries, [rows / 2, cols / 4, 2 (key bit 0), 2 (query bit 3), 2 (key bit 3)];
-        TRANSPOSED (rows = keys), [rows / 2, cols / 2, 2 (query bit 3), 2 (key bit 3)] (a group's other key parity
-        is another thread's). Register renaming only: reshapes and permutes of the layout."""
+        """A [rows, cols] score tile (a wgmma accumulator layout, or any whose threads hold what those do) seen as
+        dropout.py's groups: [rows / 4, cols / 4, 2 (lane), 2 (byte), 2 (key bit 3), 2 (query bit 3)], the group's
+        (a, s, b, q) first (TRANSPOSED: (b, q, a, s)), then the bit two threads split it by (query bit 0 e; TRANSPOSED
+        key bit 0 d), the other bit 0 (the byte's within-thread bit), g and f. Register renaming only: reshapes and
+        permutes of the layout."""
         R: gl.constexpr = x.shape[0]
         C: gl.constexpr = x.shape[1]
+        x = gl.reshape(x, [R // 16, 2, 4, 2, C // 16, 2, 4, 2])     # rows (a or b, f or g, s or q, e or d), cols alike
         if TRANSPOSED:
-            x = gl.permute(gl.reshape(x, [R // 16, 2, 8, C // 16, 2, 8]), (0, 2, 3, 5, 4, 1))
-            g = gl.reshape(x, [R // 2, C // 2, 2, 2])
+            x = gl.permute(x, (0, 2, 4, 6, 3, 7, 1, 5))             # [b, q, a, s, d, e, g, f]
         else:
-            x = gl.permute(gl.reshape(x, [R // 16, 2, 8, C // 16, 2, 4, 2]), (0, 2, 3, 5, 6, 1, 4))
-            g = gl.reshape(x, [R // 2, C // 4, 2, 2, 2])
-        return g
+            x = gl.permute(x, (0, 2, 4, 6, 3, 7, 5, 1))             # [a, s, b, q, e, d, g, f]
+        return gl.reshape(x, [R // 4, C // 4, 2, 2, 2, 2])
 
     @gluon.jit
     def _from_groups(g, R: gl.constexpr, C: gl.constexpr, TRANSPOSED: gl.constexpr):
         """_to_groups undone: [R, C]."""
+        x = gl.reshape(g, [R // 16, 4, C // 16, 4, 2, 2, 2, 2])
         if TRANSPOSED:
-            x = gl.permute(gl.reshape(g, [R // 16, 8, C // 16, 8, 2, 2]), (0, 5, 1, 2, 4, 3))
+            x = gl.permute(x, (0, 6, 1, 4, 2, 7, 3, 5))
         else:
-            x = gl.permute(gl.reshape(g, [R // 16, 8, C // 16, 4, 2, 2, 2]), (0, 5, 1, 2, 6, 3, 4))
+            x = gl.permute(x, (0, 7, 1, 4, 2, 6, 3, 5))
         return gl.reshape(x, [R, C])
 
     @gluon.jit
@@ -101,14 +104,19 @@ if gluon is not None:
         return lo
 
     @gluon.jit
+    def _per_group(x, TRANSPOSED: gl.constexpr):
+        """[rows, cols] -> [rows / 4, cols / 4, 2 (lane)]: x at each group's first score of each thread's half."""
+        return _first(_first(_first(_to_groups(x, TRANSPOSED))))
+
+    @gluon.jit
     def _dropout_keep(rng, bh, q0, k0, R: gl.constexpr, C: gl.constexpr, layout: gl.constexpr,
                       TRANSPOSED: gl.constexpr):
         """dropout.py's keep-mask (bool, layout) of the [R, C] score tile whose first query is q0 and first key k0
         (multiples of 16, counted inside the sequence) for query head bh = batch * nheads_q + head (varlen: sequence
         * nheads_q + head); TRANSPOSED: rows are keys, columns queries (the backward's S^T). layout: a wgmma
-        accumulator layout, in which each thread holds whole groups (rows) or a group's scores of one key parity
-        (TRANSPOSED). One Philox call per group a thread holds: R * C / 8 calls (TRANSPOSED: R * C / 4) over the
-        tile's threads; the counters are built per score and picked per group (the rest is dead code)."""
+        accumulator layout, in which each thread holds half a group (the 8 scores of one query bit 0; TRANSPOSED:
+        of one key bit 0). One Philox call per half group a thread holds, R * C / 8 calls over the tile's threads; the
+        counters are built per score and picked per group (the rest is dead code)."""
         r_idx = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
         c_idx = gl.arange(0, C, layout=gl.SliceLayout(0, layout))
         if TRANSPOSED:
@@ -117,31 +125,23 @@ if gluon is not None:
         else:
             queries = gl.expand_dims(q0 + r_idx, 1)
             keys = gl.expand_dims(k0 + c_idx, 0)
-        band = (keys >> 4) + queries * 0                                    # c0: the keys' band of 16
-        group = (((queries >> 4) << 5) | ((queries & 7) << 2)) + ((keys >> 1) & 3)  # c1
-        if TRANSPOSED:
-            c0 = _first(_first(_to_groups(band, True))).to(gl.uint32)
-            c1 = _first(_first(_to_groups(group, True))).to(gl.uint32)
-            shift = _first(_first(_to_groups(((keys & 1) << 4) + queries * 0, True))).to(gl.uint32)
-        else:
-            c0 = _first(_first(_first(_to_groups(band, False)))).to(gl.uint32)
-            c1 = _first(_first(_first(_to_groups(group, False)))).to(gl.uint32)
-        k_lo, k_hi, offset, threshold, _ = rng
+        c0 = _per_group((keys >> 4) + queries * 0, TRANSPOSED).to(gl.uint32)
+        c1 = _per_group((((queries >> 4) << 4) | (((queries >> 1) & 3) << 2)) + ((keys >> 1) & 3),
+                        TRANSPOSED).to(gl.uint32)
+        # the byte's bit a thread's half fixes: 16 e (TRANSPOSED: 8 d); the other, within the thread: 8 d (16 e)
+        lane_bits = _per_group(16 * (queries & 1) + 8 * (keys & 1), TRANSPOSED).to(gl.uint32)
+        INNER: gl.constexpr = 16 if TRANSPOSED else 8
+        k_lo, k_hi, offset, threshold24, _ = rng
         w0, w1, w2, w3 = _philox(c0, c1, gl.full_like(c0, 0) + bh.to(gl.uint32), gl.full_like(c0, 0) + offset,
                                  k_lo, k_hi)
-        # word (query bit 3) + 2 (key bit 3); half: key bit 0
-        if TRANSPOSED:
-            v0 = ((w0 >> shift) & 0xFFFF) >= threshold
-            v1 = ((w1 >> shift) & 0xFFFF) >= threshold
-            v2 = ((w2 >> shift) & 0xFFFF) >= threshold
-            v3 = ((w3 >> shift) & 0xFFFF) >= threshold
-            keep = gl.join(gl.join(v0, v1), gl.join(v2, v3))                 # [.., 2 (query bit 3), 2 (key bit 3)]
-        else:
-            h0 = gl.join((w0 & 0xFFFF) >= threshold, (w0 >> 16) >= threshold)
-            h1 = gl.join((w1 & 0xFFFF) >= threshold, (w1 >> 16) >= threshold)
-            h2 = gl.join((w2 & 0xFFFF) >= threshold, (w2 >> 16) >= threshold)
-            h3 = gl.join((w3 & 0xFFFF) >= threshold, (w3 >> 16) >= threshold)
-            keep = gl.join(gl.join(h0, h1), gl.join(h2, h3))                 # [.., 2 (key bit 0), 2, 2]
+        # word 2 f + g; byte b kept iff the word shifted left by 24 - 8 b is >= threshold << 24
+        shift0 = 24 - lane_bits
+        shift1 = shift0 - INNER
+        k00 = gl.join((w0 << shift0) >= threshold24, (w0 << shift1) >= threshold24)   # [.., 2 (byte)]: f = 0, g = 0
+        k01 = gl.join((w1 << shift0) >= threshold24, (w1 << shift1) >= threshold24)
+        k10 = gl.join((w2 << shift0) >= threshold24, (w2 << shift1) >= threshold24)
+        k11 = gl.join((w3 << shift0) >= threshold24, (w3 << shift1) >= threshold24)
+        keep = gl.join(gl.join(k00, k01), gl.join(k10, k11))          # [.., 2 (lane), 2 (byte), 2 (g), 2 (f)]
         return gl.convert_layout(_from_groups(keep, R, C, TRANSPOSED), layout, assert_trivial=True)
 
     @gluon.jit
