@@ -213,8 +213,9 @@ def test_dropout_mask_group_independence(device):
 # ----------------------------------------------------------------------------------------------------
 
 def test_flash_attn_deterministic(device):
-    """Two backward runs bit-identical (GQA: dk/dv reduced over the head group; dropout regenerated);
-    deterministic=False is the same computation (no atomics)."""
+    """Two backward runs bit-identical (GQA: dk/dv reduced over the head group; dropout regenerated).
+    deterministic=False: in the interpreter the same computation (no atomics); on Hopper the Gluon backward, whose dQ
+    reduce-adds land in any order: out bit-identical (same mask), gradients normwise within a few fp16 ulps."""
     q, k, v = rand_qkv(1, 37, 77, 4, 2, 64, dtype=F16, device=device)
     dout = torch.randn_like(q)
 
@@ -227,7 +228,11 @@ def test_flash_attn_deterministic(device):
     for name, a, b, c in zip(("out", "dq", "dk", "dv"), first, second, nondet):
         assert_finite(name, a)
         assert torch.equal(a, b), f"{name}: two runs with deterministic=True differ"
-        assert torch.equal(a, c), f"{name}: deterministic=False differs from deterministic=True"
+        if name == "out" or device == "cpu":
+            assert torch.equal(a, c), f"{name}: deterministic=False differs from deterministic=True"
+        else:
+            rel = ((a.float() - c.float()).norm() / a.float().norm()).item()
+            assert rel < 4e-3, f"{name}: deterministic=False differs from deterministic=True by {rel:.2e}"
 
 
 @pytest.mark.parametrize("layout", ["qkv-packed-dim", "bhsd-memory", "fused-projection-gqa"])

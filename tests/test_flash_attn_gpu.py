@@ -180,9 +180,10 @@ def test_dropout_kept_fraction_gpu():
     assert ((per_head - (1 - p)).abs() < 6 * head_sigma).all()
 
 
-def test_dropout_takes_gluon_gpu(monkeypatch):
-    """On Hopper with the Gluon kernels' triton, dropout runs both directions there (session 50), every gradient
-    checked against the reference with the same mask."""
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_dropout_takes_gluon_gpu(monkeypatch, headdim):
+    """On Hopper with the Gluon kernels' triton, dropout runs both directions there (session 50; the hd64 forward since
+    session 51), every gradient checked against the reference with the same mask."""
     from flashfuse.ops.attention import flash_bwd_hopper, flash_fwd_hopper
     if not flash_fwd_hopper.available(torch.device("cuda")):
         pytest.skip("the Gluon kernels need sm_90 and their triton release")
@@ -190,7 +191,7 @@ def test_dropout_takes_gluon_gpu(monkeypatch):
     for module, name in ((flash_fwd_hopper, "hopper_forward"), (flash_bwd_hopper, "gluon_backward")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **kw: calls.append(_n) or _f(*a, **kw))
-    q, k, v = rand_qkv(4, 2048, 2048, 16, 8, 128, dtype=BF16, device="cuda")
+    q, k, v = rand_qkv(4, 2048, 2048, 16, 8, headdim, dtype=BF16, device="cuda")
     torch.manual_seed(5)
     out = flash_attn_func(q, k, v, dropout_p=0.2, causal=True)
     mask = dropout_mask_for(5, "cuda", 4, 16, 2048, 2048, 0.2)

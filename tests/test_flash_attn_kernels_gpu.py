@@ -192,7 +192,7 @@ def test_hopper_forward_gpu(monkeypatch, headdim, config, dtype, seqlens, heads,
     visible key exactly 0, GQA / MQA, one query row. Five "SMs", so that a persistent program walks
     several tiles of different heads and causal lengths, and the last round leaves some programs idle."""
     _require_gluon()
-    monkeypatch.setattr(flash_fwd_hopper, "hopper_forward_config", lambda *a: dict(config))
+    monkeypatch.setattr(flash_fwd_hopper, "hopper_forward_config", lambda *a, **kw: dict(config))
     monkeypatch.setattr(flash_fwd_hopper, "sm_count", lambda device: 5)
     monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
     monkeypatch.setattr(flash_fwd, "_flash_fwd_fast_kernel", None)
@@ -214,7 +214,7 @@ def test_hopper_plans_gpu(monkeypatch):
     from flashfuse.ops.attention import flash_bwd_preprocess
 
     config = {"value": _hopper(True)}
-    monkeypatch.setattr(flash_fwd_hopper, "hopper_forward_config", lambda *a: dict(config["value"]))
+    monkeypatch.setattr(flash_fwd_hopper, "hopper_forward_config", lambda *a, **kw: dict(config["value"]))
     monkeypatch.setattr(flash_fwd, "_flash_fwd_kernel", None)
     monkeypatch.setattr(flash_bwd, "_flash_bwd_kernel", None)
     from flashfuse.ops._triton import PlanCache

@@ -138,6 +138,9 @@ def test_hopper_forward_plan():
     assert config["PERSISTENT"] and config["CONSUMERS"] == 3 and config["BLOCK_M"] == 192
     config = hopper.hopper_forward_config(64, False, 8192, 8192, 2 * 32, 132, left_window=True)   # 3 spill there
     assert config["PERSISTENT"] and config["CONSUMERS"] == 2 and config["BLOCK_M"] == 128
+    config = hopper.hopper_forward_config(64, False, 8192, 8192, 2 * 32, 132, dropout=True)       # 3 were slower
+    assert config["PERSISTENT"] and config["CONSUMERS"] == 2 and config["BLOCK_M"] == 128
+    assert hopper.varlen_config(64, False, False, 8192, 8192, 2 * 32, 132, dropout=True)["CONSUMERS"] == 2
     assert hopper.hopper_forward_config(128, False, 512, 512, 32 * 16, 132)["PERSISTENT"]
     config = hopper.hopper_forward_config(128, True, 512, 512, 32 * 16, 132)        # short causal: 64-key tiles
     assert config["PERSISTENT"] and config["Q_STAGES"] == 2 and config["BLOCK_N"] == 64 and config["NUM_STAGES"] == 3

@@ -421,9 +421,6 @@ def forward_config(width: int, dtype: torch.dtype, windowed: bool, has_bias: boo
 FAST_FORWARD = True
 # Within it, flash_fwd_hopper's Gluon kernel where it measured faster (sm_90, triton 3.6); False: never.
 GLUON_FORWARD = True
-# Dropout at head dims up to this one stays on the Triton kernels: the Gluon forward is softmax-bound there and ran
-# 0.71-0.93x them with its Philox draws (session 50).
-DROPOUT_TRITON_MAX_HEAD_DIM = 64
 # Key loops at least this long take it, per causal flag. Measured (H200, bf16, 16384 tokens,
 # benchmarks/tune_flash_fwd.py): hd128 at S = 4096 / 8192 508 / 532 TFLOP/s vs 472 / 490 (causal 428 / 484 vs
 # 408 / 443; session 5). At S = 2048 (session 9, 3 stages) the fast kernel wins without a mask, 471.5 vs 449.5,
@@ -488,7 +485,8 @@ def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softca
         if (GLUON_FORWARD and q.dtype in (torch.float16, torch.bfloat16) and flash_fwd_hopper.available(q.device)
                 and tma_compatible(q, k, v, out) and flash_fwd_hopper.descriptor_compatible(q, k, v, out)):
             cfg = flash_fwd_hopper.varlen_config(head_dim, window_right >= 0, window_left >= 0, max_seqlen_q,
-                                                 max_seqlen_k, batch * nheads_q, sm_count(q.device))
+                                                 max_seqlen_k, batch * nheads_q, sm_count(q.device),
+                                                 dropout=dropout_p > 0.0)
             return None if cfg is None else dict(cfg, GLUON=True)
         return None
     if INTERPRET:                         # the CPU tier also runs fp32 and small head dims through it
@@ -500,10 +498,9 @@ def _fast_forward_plan(q, k, v, out, head_dim, window_left, window_right, softca
     programs = q.shape[0] * nheads_q
     tma_ok = tma_compatible(q, k, v, out)
     if (GLUON_FORWARD and tma_ok and flash_fwd_hopper.available(q.device)
-            and flash_fwd_hopper.descriptor_compatible(q, k, v, out)
-            and not (dropout_p > 0.0 and head_dim <= DROPOUT_TRITON_MAX_HEAD_DIM)):
+            and flash_fwd_hopper.descriptor_compatible(q, k, v, out)):
         cfg = flash_fwd_hopper.hopper_forward_config(head_dim, window_right >= 0, q.shape[1], k.shape[1],
-                                                     programs, num_sms, window_left >= 0)   # positional: tests patch it
+                                                     programs, num_sms, window_left >= 0, dropout=dropout_p > 0.0)
         if cfg is not None:
             return dict(cfg, GLUON=True)
     if window_left >= 0 or softcap > 0.0 or alibi_slopes is not None or dropout_p > 0.0:   # the Gluon kernel's alone

@@ -111,19 +111,20 @@ MIN_WAVE = 0.9
 
 
 def hopper_forward_config(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int, programs_per_row_block: int,
-                          num_sms: int, left_window: bool = False, tail: bool = True):
+                          num_sms: int, left_window: bool = False, tail: bool = True, dropout: bool = False):
     """This file's config for a call, or None where flash_fwd's kernels measured faster: head dims and masks
     without a HOPPER_CONFIGS entry, key loops shorter than the entry's, grids under MIN_WAVE waves of tiles. Causal
     calls whose row blocks do not pair up take HOPPER_ODD_CAUSAL_CONFIGS; persistent configs whose units fill under
-    MIN_WAVE waves run one tile per program. A left window takes two consumer warpgroups (three spill 160 bytes with
-    its mask, ptxas offline, session 37). tail=False: head dims 129..192 padded to 256 (varlen_config)."""
+    MIN_WAVE waves run one tile per program. A left window or dropout takes two consumer warpgroups (three spill 160
+    bytes with the window's mask, ptxas offline, session 37; with dropout's draws hd64 at 8K keys ran 178 TFLOP/s
+    against two's ~265, session 51). tail=False: head dims 129..192 padded to 256 (varlen_config)."""
     width = forward_head_dim(head_dim) if tail else kernel_head_dim(head_dim)
     config = _table_entry(HOPPER_CONFIGS.get((width, causal), ()), seqlen_k)
     if causal and cdiv(seqlen_q, _WARP_SPECIALIZED["BLOCK_M"]) % 2:      # every causal entry has 128-row tiles
         config = _table_entry(HOPPER_ODD_CAUSAL_CONFIGS.get(width, ()), seqlen_k)
     if config is None:
         return None
-    if left_window and config["CONSUMERS"] == 3:
+    if (left_window or dropout) and config["CONSUMERS"] == 3:
         config = dict(config, **{key: _WARP_SPECIALIZED[key] for key in ("CONSUMERS", "BLOCK_M", "CONSUMER_REGS")})
     tiles = cdiv(seqlen_q, config["BLOCK_M"]) * programs_per_row_block
     if tiles < MIN_WAVE * num_sms:
@@ -185,7 +186,7 @@ def _table_entry(entries, seqlen_k: int):
 
 
 def varlen_config(head_dim: int, causal: bool, left_window: bool, max_seqlen_q: int, max_seqlen_k: int,
-                  programs_per_row_block: int, num_sms: int):
+                  programs_per_row_block: int, num_sms: int, dropout: bool = False):
     """The config for a varlen call (sequences of at most max_seqlen_q / _k), or None: O stored from registers (a
     sequence's last row block reaches into the next sequence, which no TMA store may cover). Measured (session 39, H100,
     16384 tokens in sequences of [max / 8, max], kernel time): 1.1-1.3x the Triton kernel but at hd64 without a mask
@@ -195,7 +196,7 @@ def varlen_config(head_dim: int, causal: bool, left_window: bool, max_seqlen_q: 
     if kernel_dim == 64 and not causal and max_seqlen_k < 4096:
         return None
     config = hopper_forward_config(head_dim, causal, max_seqlen_q, max_seqlen_k, programs_per_row_block, num_sms,
-                                   left_window, tail=False)     # the producer's zeroing (_zero_rows) takes one box
+                                   left_window, tail=False, dropout=dropout)   # tail: _zero_rows takes one box
     if config is None:
         return None
     config["O_FROM_REGS"] = True
