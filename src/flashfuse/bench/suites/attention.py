@@ -14,14 +14,16 @@ Three groups of cases (canonical layout: torch SDPA's (batch, nheads, seqlen, he
     with the same score_mod (SDPA has no softcap); ALiBi likewise (MPT / BLOOM: causal, hd 128, the standard slopes
     2^(-8 (h + 1) / H)). Deterministic backward (GPU): hd 64 / 128, seqlen 1024..4096, ``deterministic=True``
     beside SDPA's flash (FA2) and efficient backends with their backward under torch.use_deterministic_algorithms,
-    and cuDNN's (not deterministic in torch) for scale.
+    and cuDNN's (not deterministic in torch) for scale. Dropout (GPU): dropout_p 0.1, hd 64 / 128, seqlen
+    1024..4096, causal and not, beside SDPA's cuDNN, flash and efficient backends with the same dropout_p.
 (b) the progression (flashfuse.attention: naive -> basic -> vectorized -> blocked -> flash), forward,
     B=1, H=16, D=64, fp16, S = 256..8192; the slow kernels only where they finish in seconds.
 (c) long context: causal S = 65536, B=1, 16 heads of 128, bf16: the naive version cannot allocate its
     S x S scores (OOM), flashfuse needs O(S) extra memory.
 
 Correctness is checked on a reduced copy of each case (batch 1, at most 2 heads, seqlen up to 2048),
-against flash-attn-layout ``attention_ref`` run in fp32 on the device (fp64 on the CPU).
+against flash-attn-layout ``attention_ref`` run in fp32 on the device (fp64 on the CPU); dropout rows' copies run
+without dropout (each provider draws its own mask).
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ FA_SOFTCAP, FA_SOFTCAP_HEADDIMS = 50.0, (128, 256)
 FA_ALIBI_HEADDIMS = (128,)
 SCORE_MOD_PROVIDERS = ("flashfuse", "flex")
 DETERMINISTIC_PROVIDERS = ("flashfuse", "sdpa-flash-det", "sdpa-efficient-det", "sdpa-cudnn")
+# Dropout (dropout_p 0.1), causal and not, same tokens; GPU only. Each provider draws its own mask (SDPA's cannot be
+# rebuilt outside it), so the check runs the reduced copy with dropout_p = 0; flashfuse's mask is pinned by the tests
+# (reference_dropout_mask, and every kernel against the float reference with that mask).
+FA_DROPOUT_P, FA_DROPOUT_HEADDIMS = 0.1, (64, 128)
+DROPOUT_PROVIDERS = ("flashfuse", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient")
 # (b) one (batch, head) grid small enough that the per-query kernels finish in seconds.
 PROG_BATCH, PROG_HEADS, PROG_HEADDIM = 1, 16, 64
 PROG_SEQLENS = (256, 512, 1024, 2048, 4096, 8192)
@@ -130,11 +137,11 @@ def _flashfuse(case: Case, q, k, v):
         return _flashfuse_varlen(case, q, k, v)
     causal, softcap = case.params["causal"], case.params.get("softcap", 0.0)
     slopes = alibi_slopes(q.shape[1], q.device) if case.params.get("alibi") else None
-    deterministic = case.params.get("deterministic", False)
+    deterministic, dropout_p = case.params.get("deterministic", False), case.params.get("dropout_p", 0.0)
     # Its own layout, contiguous, as a flash-attn user would hold it; the copies are made here, untimed.
     qs, ks, vs = (_swap(t.detach()).contiguous().requires_grad_(t.requires_grad) for t in (q, k, v))
-    return Call(lambda: flash_attn_func(qs, ks, vs, causal=causal, softcap=softcap, alibi_slopes=slopes,
-                                        deterministic=deterministic),
+    return Call(lambda: flash_attn_func(qs, ks, vs, dropout_p=dropout_p, causal=causal, softcap=softcap,
+                                        alibi_slopes=slopes, deterministic=deterministic),
                 leaves=(qs, ks, vs), to_canon=_swap, from_canon=_swap)
 
 
@@ -159,11 +166,13 @@ def _sdpa(backend: str, deterministic: bool = False):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         chosen, causal = getattr(SDPBackend, backend), case.params["causal"]
+        dropout_p = case.params.get("dropout_p", 0.0)
 
         def fn():
             with sdpa_kernel(chosen):
                 if not deterministic:
-                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p,
+                                                                            is_causal=causal)
                 before = torch.are_deterministic_algorithms_enabled()
                 qd, kd, vd = (_DeterministicSpan.apply(t, before) for t in (q, k, v))
                 out = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=causal)
@@ -297,7 +306,7 @@ def _case(group_kind: str, B, H, S, D, causal, dtype, mode, providers, **extra) 
     else:
         name, group = f"long-context {mode} hd{D} {mask} S={S} {dt}", f"long-context hd{D} {mode} {dt}"
     lens = extra.get("lens")
-    if group_kind in ("softcap", "alibi", "deterministic"):
+    if group_kind in ("softcap", "alibi", "deterministic", "dropout"):
         name = f"{mode} hd{D} {mask} {group_kind} S={S} {dt}"
         group = f"{group_kind} hd{D} {'causal' if causal else 'non-causal'} {mode} {dt}"
     if group_kind == "varlen":
@@ -407,6 +416,12 @@ class Attention(Suite):
                         for S in FA_WIDE_QUICK_SEQLENS if opts.quick else FA_WIDE_SEQLENS:
                             cases.append(_case("deterministic", FA_TOKENS // S, FA_MODEL_DIM // D, S, D, causal,
                                                dtype, "bwd", DETERMINISTIC_PROVIDERS, deterministic=True))
+                for D in FA_DROPOUT_HEADDIMS:
+                    for causal in (False, True):
+                        for mode in ("fwd", "bwd"):
+                            for S in FA_WIDE_QUICK_SEQLENS if opts.quick else FA_WIDE_SEQLENS:
+                                cases.append(_case("dropout", FA_TOKENS // S, FA_MODEL_DIM // D, S, D, causal, dtype,
+                                                   mode, DROPOUT_PROVIDERS, dropout_p=FA_DROPOUT_P))
         return cases
 
     def _progression_cases(self, opts):
@@ -449,5 +464,7 @@ class Attention(Suite):
         if p.get("lens"):       # three sequences, the longest at the check's max
             n = min(p["S"], CHECK_MAX_SEQLEN)
             return case.replace(H=min(p["H"], CHECK_HEADS), S=n, lens=(n, n // 3 + 1, min(77, n)))
+        if p.get("dropout_p"):  # each provider's own mask: checked without dropout (see DROPOUT_PROVIDERS)
+            case = case.replace(dropout_p=0.0)
         return case.replace(B=1, H=min(p["H"], CHECK_HEADS), S=min(p["S"], CHECK_MAX_SEQLEN))
 
