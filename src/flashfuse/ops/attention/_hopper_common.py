@@ -53,9 +53,9 @@ if gluon is not None:
 
     @gluon.jit
     def _dropout_rng(p_rng, dropout_p):
-        """(key low, key high, offset, threshold << 24, scale) of dropout.py's mask from rng_state = (seed, offset) int64
-        at p_rng: Philox's key is the seed's two 32-bit halves, threshold dropout.dropout_threshold's (shifted to the
-        top byte, where _dropout_keep compares), scale 1 / (1 - p)."""
+        """(key low, key high, offset, threshold << 24, scale) of dropout.py's mask from rng_state = (seed, offset)
+        int64 at p_rng: Philox's key is the seed's two 32-bit halves, threshold dropout.dropout_threshold's (shifted to
+        the top byte, where _dropout_keep compares), scale 1 / (1 - p)."""
         seed = gl.load(p_rng)
         threshold = gl.minimum((dropout_p * 256.0 + 0.5).to(gl.int32), 255).to(gl.uint32)
         return ((seed & 0xFFFFFFFF).to(gl.uint32), (seed >> 32).to(gl.uint32), gl.load(p_rng + 1).to(gl.uint32),

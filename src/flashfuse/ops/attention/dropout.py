@@ -11,10 +11,10 @@ random bits) per group, each score an 8-bit uniform:
 
 Why this shape: in Hopper's wgmma accumulator layout a thread holds rows r and r + 8 of each 16-row block and the
 column pairs 2c, 2c + 1 eight apart. Of S = Q K^T (the forward, the dQ pass) the thread with row r = 2 s + e holds the
-8 scores of a group with its e (two threads per group); of S^T = K Q^T (the backward's transposed layout) the thread with
-row r = 2 q + d holds the 8 with its d. So both layouts make one call per eight scores (a group of 16-bit uniforms, as
-this mask was drawn in session 50, gave the transposed layout one call per four, and one call per score before it cost
-more instructions than the matrix products). 7 rounds and 8 bits are flash-attn's own choices (its CUDA kernels'
+8 scores of a group with its e (two threads per group); of S^T = K Q^T (the backward's transposed layout) the thread
+with row r = 2 q + d holds the 8 with its d. So both layouts make one call per eight scores (a group of 16-bit uniforms,
+as this mask was drawn in session 50, gave the transposed layout one call per four, and one call per score before it
+cost more instructions than the matrix products). 7 rounds and 8 bits are flash-attn's own choices (its CUDA kernels'
 philox.cuh; 7 rounds pass BigCrush, Salmon et al. 2011). The drop probability is realized in steps of 2^-8, within
 2^-9 of dropout_p; the scale is 1 / (1 - dropout_p) as given (flash-attn's too).
 

@@ -240,7 +240,7 @@ if gluon is not None:
         if HAS_ALIBI or HAS_DROPOUT:    # this program's batch entry (varlen: sequence), as _query_block's
             batch_entry = gl.program_id(0) // gl.cdiv(seqlen_q, BLOCK_M) // nheads_q
         rng = (0, 0, 0, 0, 1.0)
-        if HAS_DROPOUT:         # (Philox key, offset, threshold, 1 / (1 - p)): dropout.py's mask
+        if HAS_DROPOUT:         # (Philox key, offset, threshold << 24, 1 / (1 - p)): dropout.py's mask
             rng = _dropout_rng(dropout[0], dropout[1])
         b, q_start, k_start, seqlen_q, seqlen_k, i_h, m0, off, j0, n_blocks, live, _ = _query_block(
             cu_seqlens, seqlen_q, seqlen_k, nheads_q, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,

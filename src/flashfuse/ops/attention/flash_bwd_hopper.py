@@ -138,7 +138,7 @@ if gluon is not None:
         if HAS_ALIBI or HAS_DROPOUT:       # this program's batch entry (varlen: sequence): the slopes' row, the mask's
             batch_entry = _program(seqlen_k, nheads_k, BLOCK_N)[1]
         rng = (0, 0, 0, 0, 1.0)
-        if HAS_DROPOUT:         # (Philox key, offset, threshold, 1 / (1 - p)): dropout.py's mask
+        if HAS_DROPOUT:         # (Philox key, offset, threshold << 24, 1 / (1 - p)): dropout.py's mask
             rng = _dropout_rng(dropout[0], dropout[1])
         # At 128 columns the mask rides in P^T's sign from the draw to dP^T's arrival (a bool tile held across the
         # dP^T wait spilled: 116 -> 40 bytes, 188 -> 116 causal, ptxas offline, session 51): dropped scores negative,
@@ -305,7 +305,7 @@ if gluon is not None:
         if HAS_ALIBI or HAS_DROPOUT:       # this program's batch entry (varlen: sequence): the slopes' row, the mask's
             batch_entry = _program(seqlen_k, nheads_k, BLOCK_N)[1]
         rng = (0, 0, 0, 0, 1.0)
-        if HAS_DROPOUT:         # (Philox key, offset, threshold, 1 / (1 - p)): dropout.py's mask
+        if HAS_DROPOUT:         # (Philox key, offset, threshold << 24, 1 / (1 - p)): dropout.py's mask
             rng = _dropout_rng(dropout[0], dropout[1])
         b, q_start, k_start, seqlen_q, seqlen_k, i_hk, n0, off, m_first, n_steps, live, _ = _key_block(
             cu_seqlens, seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,

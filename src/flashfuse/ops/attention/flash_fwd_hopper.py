@@ -263,7 +263,7 @@ if gluon is not None:
         # at ragged offsets, and the bookkeeping cost 3-7% at hd64 causal: session 23.)
         SKIP_UNSEEN: gl.constexpr = HAS_RIGHT and BLOCK_N < BLOCK_M
         rng = (0, 0, 0, 0, 1.0)
-        if HAS_DROPOUT:         # (Philox key, offset, threshold, 1 / (1 - p)): dropout.py's mask
+        if HAS_DROPOUT:         # (Philox key, offset, threshold << 24, 1 / (1 - p)): dropout.py's mask
             rng = _dropout_rng(dropout[0], dropout[1])
         c = 0
         it = 0
