@@ -359,6 +359,11 @@ def test_attention_gpu_cases_follow_flash_attn_benchmark_shapes():
     det = [c for c in cases if c.group.startswith("deterministic")]
     assert len(det) == 2 * 2 * 3 and all(c.mode == "bwd" and c.params["deterministic"] for c in det)
     assert set(det[0].providers) == {"flashfuse", "sdpa-flash-det", "sdpa-efficient-det", "sdpa-cudnn"}
+    drop = [c for c in cases if c.group.startswith("dropout")]
+    assert len(drop) == 2 * 2 * 2 * 3 and all(c.params["dropout_p"] == 0.1 for c in drop)   # hd x causal x mode x S
+    assert set(drop[0].providers) == {"flashfuse", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient"}
+    # each provider draws its own mask: the reduced copy is checked without dropout
+    assert suite.check_case(drop[-1]).params == dict(drop[-1].params, B=1, H=2, S=2048, dropout_p=0.0)
     both = suite.cases(Options(device="cuda", dtypes=(torch.bfloat16, torch.float16), only="^fwd"))
     assert {c.dtype for c in both if c.group.startswith("hd")} == {torch.bfloat16, torch.float16}
     # correctness on a reduced copy: batch 1, 2 heads, seqlen capped at 2048
