@@ -272,8 +272,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     seqlen_k, as flash-attn >= 2.1); window_size (left, right): query i sees keys
     [i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right], -1 = unbounded; softcap > 0:
     scores become softcap * tanh(scores / softcap); alibi_slopes fp32 (nheads,) or (batch, nheads) add
-    -slope * |i + seqlen_k - seqlen_q - j|; dropout_p on the probabilities (Philox, regenerated in the
-    backward; seeded from torch's generator). deterministic=True: bit-identical gradients run to run
+    -slope * |i + seqlen_k - seqlen_q - j|; dropout_p on the probabilities (Philox4x32-7, 8-bit uniforms, so p
+    is realized in steps of 1/256 as in flash-attn; regenerated in the backward; seeded from torch's generator;
+    kept values scaled by 1 / (1 - dropout_p)). deterministic=True: bit-identical gradients run to run
     (flash_bwd's grid, no atomics); with False, Hopper GPUs may add dQ with fp32 atomics (5 matrix
     products instead of 7; the last bits of dq vary run to run). A query row that sees no key gets
     output 0 (and lse +inf).
