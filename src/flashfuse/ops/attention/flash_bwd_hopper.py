@@ -145,6 +145,11 @@ if gluon is not None:
         # dS^T = |P^T| (kept dP^T - delta); a dropped P^T of 0 reads as kept and its dS^T is 0 either way, and
         # _softcap_grad's factor 1 - t^2 >= 0 keeps the sign. Narrower: no spill, and two instructions a score fewer.
         SIGN_MASK: gl.constexpr = HEAD_DIM >= 128
+        rng_log2_scale = 0.0            # dropout: P^T / (1 - p) = exp2(S^T - (lse2 - this)), and delta's (1 - p)
+        keep_rate = 1.0
+        if HAS_DROPOUT:
+            rng_log2_scale = gl.log2(rng[4])
+            keep_rate = 1.0 / rng[4]
         b, q_start, k_start, seqlen_q, seqlen_k, i_hk, n0, off, m_first, n_steps, live, _ = _key_block(
             cu_seqlens, seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
             BLOCK_N)
@@ -178,6 +183,8 @@ if gluon is not None:
             st = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(st_tok, ))
             st = _softcap(st, softcap_scale, HAS_SOFTCAP)
             lse2 = lse_smem.index(slot).load(cols_layout)
+            if HAS_DROPOUT:     # P^T / (1 - p) from the exponential itself: log2(1 / (1 - p)) off the lse
+                lse2 = lse2 - rng_log2_scale
             if HAS_ALIBI:       # queries from the step's m0 (recomputed each step), keys from the block's n0
                 alibi_q = (gl.arange(0, BLOCK_M, layout=cols_layout) + (m0 + off - n0)).to(gl.float32)
                 alibi_k = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout)).to(gl.float32)
@@ -206,9 +213,9 @@ if gluon is not None:
                 if HAS_LEFT:
                     visible = visible & (gl.expand_dims(keys, 1) >= gl.expand_dims(queries + off - window_left, 0))
                 pt = gl.where(visible, pt, 0.0)
-            if HAS_DROPOUT:     # dV takes the kept P^T / (1 - p), dP^T's kept entries the same scale (below)
+            if HAS_DROPOUT:     # pt is P^T / (1 - p): dV takes its kept entries, dS^T = pt (kept dP^T - (1 - p) delta)
                 keep = _dropout_keep(rng, batch_entry * nheads_q + i_h, m0, n0, BLOCK_N, BLOCK_M, s_layout, True)
-                pt_low = gl.where(keep, pt * rng[4], 0.0).to(dtype)
+                pt_low = gl.where(keep, pt, 0.0).to(dtype)
                 if SIGN_MASK:
                     pt = gl.where(keep, pt, -pt)
             else:
@@ -221,10 +228,12 @@ if gluon is not None:
             dpt = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(dpt_tok, ))       # dV still running
             delta = delta_smem.index(slot).load(cols_layout)
             if HAS_DROPOUT and SIGN_MASK:
-                dpt = gl.where(pt >= 0.0, dpt * rng[4], 0.0)
+                dpt = gl.where(pt >= 0.0, dpt, 0.0)
                 pt = gl.abs(pt)
             elif HAS_DROPOUT:
-                dpt = gl.where(keep, dpt * rng[4], 0.0)
+                dpt = gl.where(keep, dpt, 0.0)
+            if HAS_DROPOUT:
+                delta = delta * keep_rate
             # dS^T with the softmax scale folded in (dK and dQ both carry it): scale * dP^T - scale * delta is an FMA.
             dst = (pt * (dpt * sm_scale - gl.expand_dims(delta * sm_scale, 0))).to(dtype)
             ds_smem.store(dst)
