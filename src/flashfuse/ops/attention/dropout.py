@@ -16,7 +16,7 @@ with row r = 2 q + d holds the 8 with its d. So both layouts make one call per e
 as this mask was drawn in session 50, gave the transposed layout one call per four, and one call per score before it
 cost more instructions than the matrix products). 7 rounds and 8 bits are flash-attn's own choices (its CUDA kernels'
 philox.cuh; 7 rounds pass BigCrush, Salmon et al. 2011). The drop probability is realized in steps of 2^-8, within
-2^-9 of dropout_p; the scale is 1 / (1 - dropout_p) as given (flash-attn's too).
+2^-9 of dropout_p up to 511 / 512 (255 / 256 above); the scale is 1 / (1 - dropout_p) as given (flash-attn's too).
 
 ``rng_state = (seed, offset)`` is drawn from torch's generator on the inputs' device, so ``torch.manual_seed`` makes a
 run reproducible. ``dropout_keep`` is the Triton kernels' per-score form (one call per score: those kernels are the
