@@ -254,6 +254,9 @@ if gluon is not None:
             mbarrier.wait(do_ready, 0)
         lse2 = lse_smem.load(rows_layout)
         delta_scaled = delta_smem.load(rows_layout) * sm_scale
+        if HAS_DROPOUT:     # P / (1 - p) from the exponential, so dS = P / (1 - p) (kept dP - (1 - p) delta)
+            lse2 = lse2 - gl.log2(rng[4])
+            delta_scaled = delta_scaled * (1.0 / rng[4])
         alibi_slope, alibi_q = 0.0, lse2            # (unused without ALiBi)
         if HAS_ALIBI:       # this program's query head's slope (in raw score units), its queries' indices from m0
             alibi_slope = _alibi_slope(alibi, batch_entry, i_h, qk_scale)
@@ -284,9 +287,9 @@ if gluon is not None:
             if V_STAGES < NUM_STAGES:
                 gl.thread_barrier()         # both warpgroups' dP is done: V's slot is free
                 mbarrier.arrive(v_empty.index(v_slot), count=1)
-            if HAS_DROPOUT:     # dP's kept entries / (1 - p), the others 0
+            if HAS_DROPOUT:     # dP's kept entries, the others 0 (p carries the 1 / (1 - p))
                 keep = _dropout_keep(rng, batch_entry * nheads_q + i_h, m0, n0, BLOCK_M, BLOCK_N, s_layout, False)
-                dp = gl.where(keep, dp * rng[4], 0.0)
+                dp = gl.where(keep, dp, 0.0)
             # dS with the softmax scale folded in: dQ needs no final scaling
             ds = (p * (dp * sm_scale - gl.expand_dims(delta_scaled, 1))).to(dtype)
             ds_a = gl.convert_layout(ds, gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2))

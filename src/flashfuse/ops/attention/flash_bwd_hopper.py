@@ -316,8 +316,12 @@ if gluon is not None:
         if HAS_ALIBI or HAS_DROPOUT:       # this program's batch entry (varlen: sequence): the slopes' row, the mask's
             batch_entry = _program(seqlen_k, nheads_k, BLOCK_N)[1]
         rng = (0, 0, 0, 0, 1.0)
+        rng_log2_scale = 0.0
+        keep_rate = 1.0
         if HAS_DROPOUT:         # (Philox key, offset, threshold << 24, 1 / (1 - p)): dropout.py's mask
             rng = _dropout_rng(dropout[0], dropout[1])
+            rng_log2_scale = gl.log2(rng[4])
+            keep_rate = 1.0 / rng[4]
         b, q_start, k_start, seqlen_q, seqlen_k, i_hk, n0, off, m_first, n_steps, live, _ = _key_block(
             cu_seqlens, seqlen_q, seqlen_k, nheads_k, windows, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, IS_VARLEN, BLOCK_M,
             BLOCK_N)
@@ -350,6 +354,8 @@ if gluon is not None:
             s = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(s_tok, ))
             s = _softcap(s, softcap_scale, HAS_SOFTCAP)
             lse2 = lse_smem.index(slot).load(rows_layout)
+            if HAS_DROPOUT:     # P / (1 - p) from the exponential, as in the transposed consumer
+                lse2 = lse2 - rng_log2_scale
             alibi_q = lse2              # (unused without ALiBi)
             if HAS_ALIBI:
                 alibi_q = gl.arange(0, BLOCK_M, layout=rows_layout).to(gl.float32)
@@ -357,9 +363,9 @@ if gluon is not None:
                                    BLOCK_N, s_layout)
             p = _mask_rows(p, m0, n0, seqlen_q, seqlen_k, off, windows, HAS_LEFT, HAS_RIGHT, IS_VARLEN, BLOCK_M,
                            BLOCK_N, s_layout)
-            if HAS_DROPOUT:     # dV takes the kept P / (1 - p), dP's kept entries the same scale (below)
+            if HAS_DROPOUT:     # p is P / (1 - p): dV takes its kept entries, dS = p (kept dP - (1 - p) delta)
                 keep = _dropout_keep(rng, batch_entry * nheads_q + i_h, m0, n0, BLOCK_M, BLOCK_N, s_layout, False)
-                p_smem.store(gl.where(keep, p * rng[4], 0.0).to(dtype))
+                p_smem.store(gl.where(keep, p, 0.0).to(dtype))
             else:
                 p_smem.store(p.to(dtype))
             p = _softcap_grad(p, dtanh, HAS_SOFTCAP)        # (dS's factor; P itself is in p_smem)
@@ -371,7 +377,8 @@ if gluon is not None:
             dp = warpgroup_mma_wait(num_outstanding=1 + TAIL_MMAS, deps=(dp_tok, ))  # dV still running
             delta = delta_smem.index(slot).load(rows_layout)
             if HAS_DROPOUT:
-                dp = gl.where(keep, dp * rng[4], 0.0)
+                dp = gl.where(keep, dp, 0.0)
+                delta = delta * keep_rate
             ds = (p * (dp * sm_scale - gl.expand_dims(delta * sm_scale, 1))).to(dtype)
             if not DQ_PASS:     # dQ_j = dS K from this warpgroup's own dS rows, before the barrier
                 ds_op = gl.convert_layout(ds, gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2))
